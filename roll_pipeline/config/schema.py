@@ -1,0 +1,353 @@
+"""The pipeline's configuration schema: frozen dataclasses, each field documented once, at the field.
+
+`validate()` methods only check values and yield (relative key, message) pairs; the loader prefixes the key
+paths and reports every problem at once. Field names follow ROLL's where they mean the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key path(s) and is meant for the user as is."""
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelArgs:
+    model_name_or_path: str | None = None
+    """A local Hugging Face model folder (or a hub id where the hub is reachable). None: the top-level `pretrain`.
+    A relative path is taken relative to the config file's folder; write it as ./dir/name when it could be
+    mistaken for a hub id (an `org/name` that does not exist there)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gradient_checkpointing: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingArgs:
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    warmup_steps: int = 0
+    """Optimizer steps of linear LR warm-up from 0."""
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    """Schedule after warm-up; linear and cosine decay to 0 at the last optimizer step of the run."""
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float = 1.0
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.learning_rate <= 0:
+            yield "learning_rate", f"must be > 0, got {self.learning_rate}"
+        if self.per_device_train_batch_size < 1:
+            yield "per_device_train_batch_size", "must be >= 1"
+        if self.gradient_accumulation_steps < 1:
+            yield "gradient_accumulation_steps", "must be >= 1"
+        if self.warmup_steps < 0:
+            yield "warmup_steps", "must be >= 0"
+        if self.max_grad_norm <= 0:
+            yield "max_grad_norm", "must be > 0"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratingArgs:
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    do_sample: bool = True
+    """False is greedy decoding (temperature, top_p and top_k are then ignored)."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.max_new_tokens < 1:
+            yield "max_new_tokens", "must be >= 1"
+        if self.do_sample and self.temperature <= 0:
+            yield "temperature", "must be > 0 when do_sample is true (set do_sample: false for greedy)"
+        if not 0 < self.top_p <= 1:
+            yield "top_p", f"must be in (0, 1], got {self.top_p}"
+        if self.top_k < 0:
+            yield "top_k", "must be >= 0"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyArgs:
+    strategy_name: str
+    """Training: `deepspeed_train`. Inference: `hf_infer` (transformers; CPU or GPU) or `vllm` (GPU)."""
+    strategy_config: dict[str, Any] = field(default_factory=dict)
+    """Passed to the strategy; for deepspeed_train, merged into the DeepSpeed config (e.g. zero_optimization)."""
+
+
+TRAIN_STRATEGIES = ("deepspeed_train",)
+INFER_STRATEGIES = ("hf_infer", "vllm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """Resources and model of one cluster of Ray workers that run the same role."""
+
+    model_args: ModelArgs = field(default_factory=ModelArgs)
+    world_size: int = 1
+    """Number of workers (data-parallel ranks) in this cluster."""
+    num_cpus_per_worker: float = 1.0
+    num_gpus_per_worker: float = 0.0
+    torch_threads: int = 2
+    """torch intra-op threads per worker; the stages run one after another, so each may use the whole box."""
+    infer_batch_size: int = 32
+    """Micro-batch size for forward passes that need no gradient (log-probs, values)."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.world_size < 1:
+            yield "world_size", "must be >= 1"
+        if self.num_cpus_per_worker < 0 or self.num_gpus_per_worker < 0:
+            yield "num_cpus_per_worker", "resources must be >= 0"
+        if self.torch_threads < 1:
+            yield "torch_threads", "must be >= 1"
+        if self.infer_batch_size < 1:
+            yield "infer_batch_size", "must be >= 1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorTrainConfig(ClusterConfig):
+    training_args: TrainingArgs = field(default_factory=TrainingArgs)
+    strategy_args: StrategyArgs = field(default_factory=lambda: StrategyArgs(strategy_name="deepspeed_train"))
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        yield from super().validate()
+        if self.strategy_args.strategy_name not in TRAIN_STRATEGIES:
+            yield "strategy_args.strategy_name", f"must be one of {list(TRAIN_STRATEGIES)}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorInferConfig(ClusterConfig):
+    generating_args: GeneratingArgs = field(default_factory=GeneratingArgs)
+    strategy_args: StrategyArgs = field(default_factory=lambda: StrategyArgs(strategy_name="hf_infer"))
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        yield from super().validate()
+        if self.strategy_args.strategy_name not in INFER_STRATEGIES:
+            yield "strategy_args.strategy_name", f"must be one of {list(INFER_STRATEGIES)}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceConfig(ClusterConfig):
+    strategy_args: StrategyArgs = field(default_factory=lambda: StrategyArgs(strategy_name="hf_infer"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticConfig(ActorTrainConfig):
+    """The value model: the policy's backbone with a scalar head, trained with the clipped value loss."""
+
+    value_clip: float = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    """One domain: the worker that scores it and the data tags routed to it."""
+
+    worker: str
+    """A registered reward worker name (`roll rewards list`) or a `package.module:Class` path."""
+    tag_included: list[str]
+    """Rows whose `tag` is in this list belong to this domain."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options for the worker's scorer (e.g. timeout_s for code_sandbox)."""
+    world_size: int = 1
+    num_cpus_per_worker: float = 1.0
+    timeout_s: float = 30.0
+    """Per-sample scoring time limit; a sample that runs past it is masked, never scored 0."""
+    num_threads: int = 2
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if not self.tag_included:
+            yield "tag_included", "must list at least one tag"
+        if self.world_size < 1:
+            yield "world_size", "must be >= 1"
+        if self.timeout_s <= 0:
+            yield "timeout_s", "must be > 0"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    train_files: list[str]
+    """JSONL, JSON or Parquet files, or local Hugging Face dataset folders; relative to the config file."""
+    val_files: list[str] = field(default_factory=list)
+    messages_key: str = "messages"
+    """Column with chat messages; rows without it use `prompt_key` as a single user message."""
+    prompt_key: str = "prompt"
+    prompt_length: int = 256
+    """Longest prompt in tokens; a longer prompt is an error naming its file and row."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if not self.train_files:
+            yield "train_files", "must list at least one file"
+        if self.prompt_length < 1:
+            yield "prompt_length", "must be >= 1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationConfig:
+    generating_args: GeneratingArgs = field(
+        default_factory=lambda: GeneratingArgs(do_sample=False, max_new_tokens=32)
+    )
+    eval_at_start: bool = True
+    """Validate once before the first step, so the run reports where it started."""
+    max_prompts: int = 0
+    """Use at most this many validation prompts per domain (the first ones); 0 means all."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingConfig:
+    tracking_uri: str | None = None
+    """MLflow tracking URI. None: MLFLOW_TRACKING_URI if set, else `sqlite:///mlflow.db` in the working dir."""
+    experiment_name: str = "roll-pipeline"
+    run_name: str | None = None
+    """None: the config's exp_name."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayConfig:
+    address: str | None = None
+    """An existing Ray cluster to join (else RAY_ADDRESS; else a local cluster is started)."""
+    num_cpus: int | None = None
+    """Logical CPUs of a local cluster. None: enough for every worker's num_cpus_per_worker; the stages run
+    one after another, so over-subscribing the logical count does not over-subscribe the cores."""
+
+
+ADV_ESTIMATORS = ("grpo", "gae")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    pretrain: str
+    """The policy's starting checkpoint: the default for every cluster's model_args.model_name_or_path."""
+    max_steps: int
+    rollout_batch_size: int
+    """Prompts per RL step, over all domains."""
+    domain_interleave_probs: dict[str, float]
+    """Each domain's share of rollout_batch_size; must sum to 1. Shares are rounded by largest remainder."""
+    rewards: dict[str, RewardConfig]
+    data: DataConfig
+
+    exp_name: str = "rlvr"
+    seed: int = 42
+    output_dir: str | None = None
+    """Checkpoints and the resolved config go here; relative to the working directory. None: runs/<exp_name>."""
+    num_return_sequences_in_group: int = 8
+    """Responses sampled per prompt; advantages are computed within each prompt's group."""
+    eval_steps: int = 10
+    """Validate every this many steps and at the last step; 0: only at the start and the end."""
+    save_steps: int = 0
+    """Checkpoint every this many steps; 0 disables checkpoints."""
+    adv_estimator: str = "grpo"
+    ppo_epochs: int = 1
+    pg_clip: float = 0.2
+    loss_agg_mode: str = "token-mean"
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_loss_coef: float = 0.0
+    gamma: float = 1.0
+    lambd: float = 0.95
+
+    actor_train: ActorTrainConfig = field(default_factory=ActorTrainConfig)
+    actor_infer: ActorInferConfig = field(default_factory=ActorInferConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    critic: CriticConfig | None = None
+    """Required when adv_estimator is gae."""
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.max_steps < 1:
+            yield "max_steps", "must be >= 1"
+        if self.rollout_batch_size < 1:
+            yield "rollout_batch_size", "must be >= 1"
+        if self.num_return_sequences_in_group < 1:
+            yield "num_return_sequences_in_group", "must be >= 1"
+        if self.eval_steps < 0 or self.save_steps < 0:
+            yield "eval_steps" if self.eval_steps < 0 else "save_steps", "must be >= 0"
+        yield from self._validate_domains()
+        if self.adv_estimator not in ADV_ESTIMATORS:
+            yield "adv_estimator", f"must be one of {list(ADV_ESTIMATORS)}, got {self.adv_estimator!r}"
+        if self.adv_estimator == "gae" and self.critic is None:
+            yield "critic", "adv_estimator gae needs a critic section"
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            yield "loss_agg_mode", f"must be one of {list(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}"
+        if self.kl_estimator not in KL_ESTIMATORS:
+            yield "kl_estimator", f"must be one of {list(KL_ESTIMATORS)}, got {self.kl_estimator!r}"
+        if self.ppo_epochs < 1:
+            yield "ppo_epochs", "must be >= 1"
+        if not 0 < self.pg_clip < 1:
+            yield "pg_clip", f"must be in (0, 1), got {self.pg_clip}"
+        yield from self._validate_batch_division()
+
+    def _validate_domains(self) -> Iterator[tuple[str, str]]:
+        probs = self.domain_interleave_probs
+        if not probs:
+            yield "domain_interleave_probs", "must name at least one domain"
+            return
+        for domain, p in probs.items():
+            if not 0 < p <= 1:
+                yield f"domain_interleave_probs.{domain}", f"must be in (0, 1], got {p}"
+            if domain not in self.rewards:
+                yield f"domain_interleave_probs.{domain}", f"domain {domain!r} has no reward worker under rewards"
+        total = sum(probs.values())
+        if abs(total - 1.0) > 1e-6:
+            parts = ", ".join(f"{d}={p}" for d, p in probs.items())
+            yield "domain_interleave_probs", f"must sum to 1, got {total:g} ({parts})"
+        for domain in self.rewards:
+            if domain not in probs:
+                yield f"rewards.{domain}", f"domain {domain!r} has no entry in domain_interleave_probs"
+        seen: dict[str, str] = {}
+        for domain, reward in self.rewards.items():
+            for tag in reward.tag_included:
+                if tag in seen:
+                    yield f"rewards.{domain}.tag_included", f"tag {tag!r} is also routed to domain {seen[tag]!r}"
+                seen[tag] = domain
+        if all(0 < p <= 1 for p in probs.values()) and abs(total - 1.0) <= 1e-6:
+            for domain, share in domain_shares(probs, self.rollout_batch_size).items():
+                if share == 0:
+                    yield (
+                        f"domain_interleave_probs.{domain}",
+                        f"gives domain {domain!r} 0 of rollout_batch_size={self.rollout_batch_size} prompts; "
+                        "raise its probability or the batch size",
+                    )
+
+    def _validate_batch_division(self) -> Iterator[tuple[str, str]]:
+        samples = self.rollout_batch_size * self.num_return_sequences_in_group
+        for name in ("actor_train", "critic"):
+            section = getattr(self, name)
+            if section is None:
+                continue
+            ta = section.training_args
+            per_step = ta.per_device_train_batch_size * ta.gradient_accumulation_steps * section.world_size
+            if samples % per_step:
+                yield (
+                    f"{name}.training_args",
+                    f"rollout_batch_size * num_return_sequences_in_group = {samples} samples per step must be "
+                    f"divisible by per_device_train_batch_size * gradient_accumulation_steps * world_size "
+                    f"= {per_step}",
+                )
+
+
+def domain_shares(probs: Mapping[str, float], total: int) -> dict[str, int]:
+    """Split `total` prompts by `probs` with the largest-remainder rule.
+
+    Each domain first gets floor(p * total); the prompts left over go one each to the domains with the largest
+    fractional parts, ties broken by the order of domain_interleave_probs. The result sums to `total` and does
+    not depend on anything but its arguments.
+    """
+    exact = {d: p * total for d, p in probs.items()}
+    shares = {d: int(x + 1e-9) for d, x in exact.items()}
+    left = total - sum(shares.values())
+    order = sorted(probs, key=lambda d: -(exact[d] - shares[d]))
+    for d in order[:left]:
+        shares[d] += 1
+    return shares

@@ -1,0 +1,264 @@
+"""Deterministic generator of the example math and code data sets.
+
+The tasks are deliberately templated and small: the embedded tiny model (about a million parameters) has to
+learn them in a few minutes of supervised warm-up and still leave headroom for RL, so that both domains give a
+reward signal on two CPU cores.
+
+Rows use ROLL's field names and every row carries every field, so the `datasets` JSON loader infers a single
+schema across domains::
+
+    {"id": "math-train-000123", "domain": "math", "tag": "add",
+     "messages": [{"role": "user", "content": "What is 12 + 45?"}],
+     "ground_truth": "57", "test_cases": ""}
+
+Regenerate the committed files with ``python -m roll_pipeline.data.synthetic --out examples/data --seed 0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# Math tags and how often each is drawn. Addition and subtraction dominate because the tiny model learns them
+# well enough to have reward signal; multiplication and two-step problems are the harder tail.
+MATH_TAG_WEIGHTS: dict[str, float] = {"add": 0.35, "sub": 0.25, "mul": 0.2, "multi_step": 0.2}
+
+# Bare-expression prompts; `{expr}` is Python-evaluable, which the tests rely on to check ground truths.
+BARE_MATH_TEMPLATES: tuple[str, ...] = ("What is {expr}?", "Compute {expr}.", "{expr} = ?")
+
+_NAMES = ("Ann", "Ben", "Cara", "Dan", "Eva", "Finn", "Gus", "Lia", "Max", "Zoe")
+
+# Word-problem templates per tag; the numbers are the same operands as the bare expression.
+_WORD_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "add": (
+        "{name} has {a} apples and gets {b} more. How many apples does {name} have now?",
+        "A shelf holds {a} books and {b} more are added. How many books are on the shelf?",
+    ),
+    "sub": (
+        "{name} has {a} coins and spends {b}. How many coins are left?",
+        "A bus carries {a} people and {b} get off. How many people are still on the bus?",
+    ),
+    "mul": (
+        "There are {a} boxes with {b} pens each. How many pens are there in total?",
+        "{name} reads {b} pages a day for {a} days. How many pages does {name} read?",
+    ),
+    "multi_step": (
+        "{name} has {a} cards, gets {b} more, then gives away {c}. How many cards are left?",
+        "A tank holds {a} liters, {b} liters are added and {c} liters are used. How many liters remain?",
+    ),
+}
+
+# Share of math prompts rendered as word problems rather than bare expressions.
+WORD_PROBLEM_SHARE = 0.3
+
+
+def _math_operands(tag: str, rng: random.Random) -> tuple[str, int, dict[str, int]]:
+    """Return (expression, answer, operands) for one problem of the given tag."""
+    if tag == "add":
+        a, b = rng.randint(10, 99), rng.randint(1, 99)
+        return f"{a} + {b}", a + b, {"a": a, "b": b}
+    if tag == "sub":
+        a = rng.randint(10, 99)
+        b = rng.randint(1, a)
+        return f"{a} - {b}", a - b, {"a": a, "b": b}
+    if tag == "mul":
+        a, b = rng.randint(2, 30), rng.randint(2, 9)
+        return f"{a} * {b}", a * b, {"a": a, "b": b}
+    if tag == "multi_step":
+        a, b = rng.randint(1, 50), rng.randint(1, 50)
+        c = rng.randint(1, a + b)
+        return f"{a} + {b} - {c}", a + b - c, {"a": a, "b": b, "c": c}
+    raise ValueError(f"unknown math tag {tag!r}")
+
+
+def _math_row(rng: random.Random) -> dict:
+    tag = rng.choices(list(MATH_TAG_WEIGHTS), weights=list(MATH_TAG_WEIGHTS.values()))[0]
+    expr, answer, operands = _math_operands(tag, rng)
+    if rng.random() < WORD_PROBLEM_SHARE:
+        prompt = rng.choice(_WORD_TEMPLATES[tag]).format(name=rng.choice(_NAMES), **operands)
+    else:
+        prompt = rng.choice(BARE_MATH_TEMPLATES).format(expr=expr)
+    return _row("math", tag, prompt, str(answer), "")
+
+
+@dataclass(frozen=True)
+class _CodeTask:
+    """One code template: the prompt's description and the body of the reference solution.
+
+    Both are format strings over `p` (the parameter name) and `k` (the task's constant).
+    """
+
+    tag: str
+    description: str
+    body: str
+    k_range: tuple[int, int]
+
+
+_CODE_TASKS: tuple[_CodeTask, ...] = (
+    _CodeTask("arith", "{p} plus {k}", "{p} + {k}", (1, 30)),
+    _CodeTask("arith", "{p} minus {k}", "{p} - {k}", (1, 30)),
+    _CodeTask("arith", "{p} times {k}", "{p} * {k}", (2, 20)),
+    _CodeTask("arith", "{p} modulo {k}", "{p} % {k}", (2, 20)),
+    _CodeTask("arith", "{p} squared plus {k}", "{p} * {p} + {k}", (1, 30)),
+    _CodeTask("string", "{p} repeated {k} times", "{p} * {k}", (2, 9)),
+    _CodeTask("string", "the first {k} characters of {p}", "{p}[:{k}]", (1, 9)),
+    _CodeTask("string", "{p} without its first {k} characters", "{p}[{k}:]", (1, 9)),
+    _CodeTask("string", "{p} followed by the text {k}", '{p} + "{k}"', (1, 99)),
+    _CodeTask("list", "the sum of {p} plus {k}", "sum({p}) + {k}", (1, 30)),
+    _CodeTask("list", "the first {k} elements of {p}", "{p}[:{k}]", (1, 9)),
+    _CodeTask("list", "{p} with each element multiplied by {k}", "[v * {k} for v in {p}]", (2, 20)),
+    _CodeTask("list", "the number of elements of {p} greater than {k}", "len([v for v in {p} if v > {k}])", (1, 20)),
+    _CodeTask("list", "{p} with {k} appended", "{p} + [{k}]", (1, 99)),
+)
+
+_FUNCTION_NAMES = ("f", "g", "h", "solve", "calc", "compute", "transform", "apply", "func", "helper")
+_PARAM_NAMES: dict[str, tuple[str, ...]] = {
+    "arith": ("x", "n", "a"),
+    "string": ("s", "text", "word"),
+    "list": ("xs", "nums", "values"),
+}
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+# Asserts per code task; three inputs pin the constant and the operation down without long prompts.
+ASSERTS_PER_TASK = 3
+
+
+def _code_input(tag: str, rng: random.Random) -> int | str | list[int]:
+    if tag == "arith":
+        return rng.randint(-20, 50)
+    if tag == "string":
+        return "".join(rng.choice(_LETTERS) for _ in range(rng.randint(3, 10)))
+    if tag == "list":
+        return [rng.randint(0, 30) for _ in range(rng.randint(2, 7))]
+    raise ValueError(f"unknown code tag {tag!r}")
+
+
+def _reference_function(source: str, name: str) -> Callable:
+    namespace: dict = {}
+    exec(source, namespace)  # noqa: S102 - our own templated source, never user input
+    return namespace[name]
+
+
+def _code_row(rng: random.Random) -> dict:
+    task = rng.choice(_CODE_TASKS)
+    name = rng.choice(_FUNCTION_NAMES)
+    param = rng.choice(_PARAM_NAMES[task.tag])
+    k = rng.randint(*task.k_range)
+    prompt = (
+        f"Write a Python function `{name}({param})` that returns "
+        f"{task.description.format(p=param, k=k)}."
+    )
+    source = f"def {name}({param}):\n    return {task.body.format(p=param, k=k)}"
+    # Expected outputs come from running the reference itself, so asserts and solution cannot disagree.
+    function = _reference_function(source, name)
+    inputs = [_code_input(task.tag, rng) for _ in range(ASSERTS_PER_TASK)]
+    asserts = [f"assert {name}({value!r}) == {function(value)!r}" for value in inputs]
+    return _row("code", task.tag, prompt, source, json.dumps({"asserts": asserts}))
+
+
+def _row(domain: str, tag: str, prompt: str, ground_truth: str, test_cases: str) -> dict:
+    return {
+        "id": "",
+        "domain": domain,
+        "tag": tag,
+        "messages": [{"role": "user", "content": prompt}],
+        "ground_truth": ground_truth,
+        "test_cases": test_cases,
+    }
+
+
+def _unique_rows(make_row: Callable[[random.Random], dict], n: int, seed: int, domain: str) -> list[dict]:
+    """Draw rows until `n` distinct prompts exist; ids are assigned in draw order."""
+    rng = random.Random(f"{domain}:{seed}")
+    rows: list[dict] = []
+    seen: set[str] = set()
+    # The template spaces hold thousands of prompts, so a bounded number of draws always suffices for the sizes
+    # used here; the bound turns an impossible request into an error instead of an endless loop.
+    for _ in range(50 * n + 1000):
+        if len(rows) == n:
+            break
+        row = make_row(rng)
+        prompt = row["messages"][0]["content"]
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        row["id"] = f"{domain}-{len(rows):06d}"
+        rows.append(row)
+    if len(rows) < n:
+        raise ValueError(f"could only draw {len(rows)} distinct {domain} prompts, {n} requested")
+    return rows
+
+
+def generate_math(n: int, seed: int) -> list[dict]:
+    """Return `n` math rows with distinct prompts, fully determined by `seed`."""
+    return _unique_rows(_math_row, n, seed, "math")
+
+
+def generate_code(n: int, seed: int) -> list[dict]:
+    """Return `n` code rows with distinct prompts, fully determined by `seed`."""
+    return _unique_rows(_code_row, n, seed, "code")
+
+
+def _split(rows: Sequence[dict], n_val: int, domain: str) -> dict[str, list[dict]]:
+    """Split distinct-prompt rows into val (the first `n_val`) and train, renumbering ids per split."""
+    splits = {"val": list(rows[:n_val]), "train": list(rows[n_val:])}
+    for split, split_rows in splits.items():
+        for index, row in enumerate(split_rows):
+            row["id"] = f"{domain}-{split}-{index:06d}"
+    return splits
+
+
+def _write_jsonl(path: Path, rows: Sequence[dict]) -> None:
+    with path.open("w", encoding="utf-8", newline="\n") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False, sort_keys=False) + "\n")
+
+
+def write_example_data(
+    out_dir: Path,
+    seed: int = 0,
+    *,
+    n_math_train: int = 2400,
+    n_math_val: int = 200,
+    n_code_train: int = 1200,
+    n_code_val: int = 100,
+) -> dict[str, Path]:
+    """Write math/code train/val JSONL files into `out_dir` and return their paths by stem.
+
+    Train and val are disjoint by prompt text because both are slices of one distinct-prompt draw.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drawn = {
+        "math": _split(generate_math(n_math_train + n_math_val, seed), n_math_val, "math"),
+        "code": _split(generate_code(n_code_train + n_code_val, seed), n_code_val, "code"),
+    }
+    paths: dict[str, Path] = {}
+    for domain, splits in drawn.items():
+        for split, rows in splits.items():
+            path = out_dir / f"{domain}_{split}.jsonl"
+            _write_jsonl(path, rows)
+            paths[f"{domain}_{split}"] = path
+            logger.info("wrote %d rows to %s", len(rows), path)
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("examples/data"), help="output directory")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    write_example_data(args.out, seed=args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

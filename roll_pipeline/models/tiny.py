@@ -1,0 +1,292 @@
+"""The embedded tiny model: a Qwen2-architecture causal LM of about a million parameters, built offline.
+
+`build_tiny_model` trains a byte-level BPE tokenizer on the example data, initialises a small
+`Qwen2ForCausalLM` and gives it a short supervised warm-up on the same data through the chat template, then
+saves a Hugging Face folder that loads with plain `AutoModelForCausalLM.from_pretrained` /
+`AutoTokenizer.from_pretrained`. The warm-up is deliberately short: RL needs a model that sometimes gets the
+answer right (reward signal) but often does not (headroom).
+
+Builds are cached by spec (seed, hyperparameters, hashes of the train files) in `build_info.json` and written
+atomically, so a pipeline can call `build_tiny_model` on every start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+logger = logging.getLogger(__name__)
+
+BUILD_INFO = "build_info.json"
+# Bumped when the build procedure changes in a way the hyperparameters do not capture, to invalidate caches.
+BUILD_FORMAT = 1
+# Warm-up steps between progress log lines; not part of the spec because it does not change the model.
+LOG_EVERY = 50
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyModelHyperparameters:
+    """Everything that shapes a build besides the seed and the train files; all of it enters the cache key."""
+
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 256
+    warmup_steps: int = 600
+    batch_size: int = 64
+    learning_rate: float = 2e-3
+    lr_warmup_steps: int = 50
+    weight_decay: float = 0.0
+    # Rows held out of the warm-up (per train file) to measure its greedy accuracy.
+    eval_rows_per_file: int = 50
+
+
+def build_tiny_model(out_dir: Path, train_files: list[Path], seed: int = 0, **hyperparameters) -> Path:
+    """Build (or reuse) the tiny model in `out_dir` and return `out_dir`.
+
+    `hyperparameters` override fields of `TinyModelHyperparameters`; an unknown name is an error. The build is
+    skipped when `out_dir/build_info.json` records the same spec.
+    """
+    out_dir = Path(out_dir)
+    known = {field.name for field in fields(TinyModelHyperparameters)}
+    unknown = sorted(set(hyperparameters) - known)
+    if unknown:
+        raise TypeError(f"unknown tiny-model hyperparameters: {unknown}; known: {sorted(known)}")
+    hparams = TinyModelHyperparameters(**hyperparameters)
+    train_files = [Path(path) for path in train_files]
+    spec = _build_spec(hparams, train_files, seed)
+    if _cached_spec(out_dir) == spec:
+        logger.info("tiny model in %s is up to date, not rebuilding", out_dir)
+        return out_dir
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    try:
+        started = time.perf_counter()
+        results = _build(staging, hparams, train_files, seed)
+        info = {**spec, **results, "build_seconds": round(time.perf_counter() - started, 1)}
+        (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        _replace_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("built tiny model in %s (%s)", out_dir, results)
+    return out_dir
+
+
+def _build_spec(hparams: TinyModelHyperparameters, train_files: Sequence[Path], seed: int) -> dict:
+    return {
+        "build_format": BUILD_FORMAT,
+        "seed": seed,
+        "hyperparameters": asdict(hparams),
+        "train_files": {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in train_files},
+    }
+
+
+def _cached_spec(out_dir: Path) -> dict | None:
+    try:
+        info = json.loads((out_dir / BUILD_INFO).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return {key: info.get(key) for key in ("build_format", "seed", "hyperparameters", "train_files")}
+
+
+def _replace_dir(staging: Path, out_dir: Path) -> None:
+    """Move the finished build into place; an old build is moved aside first so `out_dir` is never partial."""
+    if out_dir.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        out_dir.rename(trash / out_dir.name)
+        staging.rename(out_dir)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        staging.rename(out_dir)
+
+
+def _build(out_dir: Path, hparams: TinyModelHyperparameters, train_files: Sequence[Path], seed: int) -> dict:
+    rows_per_file = [_read_jsonl(path) for path in train_files]
+    corpus = [text for rows in rows_per_file for row in rows for text in _prompt_and_response(row)]
+    tokenizer = build_tokenizer(corpus, hparams.vocab_size)
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(_model_config(hparams, tokenizer))
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    logger.info("tiny model: %d parameters", sum(p.numel() for p in model.parameters()))
+
+    rng = random.Random(seed)
+    train_rows, eval_rows = [], []
+    for rows in rows_per_file:
+        shuffled = rows[:]
+        rng.shuffle(shuffled)
+        eval_rows += shuffled[: hparams.eval_rows_per_file]
+        train_rows += shuffled[hparams.eval_rows_per_file :]
+    examples = [_encode(tokenizer, row) for row in train_rows]
+    final_loss = _warm_up(model, examples, hparams, tokenizer.pad_token_id, rng)
+    accuracy = _greedy_exact_match(model, tokenizer, eval_rows)
+
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "final_loss": round(final_loss, 4),
+            "heldout_greedy_accuracy": round(accuracy, 4), "heldout_rows": len(eval_rows)}
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _prompt_and_response(row: dict) -> tuple[str, str]:
+    return row["messages"][-1]["content"], row["ground_truth"]
+
+
+def build_tokenizer(corpus: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on `corpus` with one token per digit, wrapped for transformers.
+
+    Single-digit tokens keep numbers compositional, which is what lets a tiny model learn column arithmetic.
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=1024,
+    )
+
+
+def _model_config(hparams: TinyModelHyperparameters, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hparams.hidden_size,
+        intermediate_size=hparams.intermediate_size,
+        num_hidden_layers=hparams.num_hidden_layers,
+        num_attention_heads=hparams.num_attention_heads,
+        num_key_value_heads=hparams.num_key_value_heads,
+        max_position_embeddings=hparams.max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+
+
+def _encode(tokenizer: PreTrainedTokenizerFast, row: dict) -> tuple[list[int], list[int]]:
+    """Return (prompt ids, response ids + eos), tokenized separately exactly as RL will see them."""
+    prompt_ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True,
+                                               return_dict=False)
+    response_ids = tokenizer(row["ground_truth"], add_special_tokens=False)["input_ids"]
+    return list(prompt_ids), response_ids + [tokenizer.eos_token_id]
+
+
+def _collate(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    length = max(len(prompt) + len(response) for prompt, response in batch)
+    input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), length), -100, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
+    for i, (prompt, response) in enumerate(batch):
+        ids = prompt + response
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention_mask[i, : len(ids)] = 1
+        # Loss on the response only: the model should learn to answer, not to reproduce prompts.
+        labels[i, len(prompt) : len(ids)] = torch.tensor(response)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def _warm_up(model: Qwen2ForCausalLM, examples: Sequence, hparams: TinyModelHyperparameters, pad_id: int,
+             rng: random.Random) -> float:
+    """Supervised fine-tune with linear LR warm-up and cosine decay; returns the mean loss of the last steps."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=hparams.learning_rate, weight_decay=hparams.weight_decay)
+
+    def lr_factor(step: int) -> float:
+        if step < hparams.lr_warmup_steps:
+            return (step + 1) / hparams.lr_warmup_steps
+        progress = (step - hparams.lr_warmup_steps) / max(1, hparams.warmup_steps - hparams.lr_warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model.train()
+    order: list[int] = []
+    recent: list[float] = []
+    for step in range(hparams.warmup_steps):
+        if len(order) < hparams.batch_size:
+            epoch = list(range(len(examples)))
+            rng.shuffle(epoch)
+            order += epoch
+        batch = [examples[index] for index in order[: hparams.batch_size]]
+        del order[: hparams.batch_size]
+        loss = model(**_collate(batch, pad_id)).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        recent = (recent + [loss.item()])[-20:]
+        if (step + 1) % LOG_EVERY == 0 or step + 1 == hparams.warmup_steps:
+            logger.info("warm-up step %d/%d loss %.4f", step + 1, hparams.warmup_steps, sum(recent) / len(recent))
+    model.eval()
+    return sum(recent) / len(recent) if recent else float("nan")
+
+
+@torch.no_grad()
+def _greedy_exact_match(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict],
+                        batch_size: int = 64, max_new_tokens: int = 48) -> float:
+    """Share of rows whose greedy response equals the ground truth exactly (whitespace-trimmed).
+
+    Exact match is stricter than the RL rewards (which check numbers or run asserts); it is only a build-time
+    sanity figure and keeps the builder free of code execution.
+    """
+    if not rows:
+        return float("nan")
+    tokenizer.padding_side = "left"
+    correct = 0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        prompts = [tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+                   for row in chunk]
+        inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        output = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
+                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        responses = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        correct += sum(response.strip() == row["ground_truth"].strip() for response, row in zip(responses, chunk))
+    tokenizer.padding_side = "right"
+    return correct / len(rows)
+

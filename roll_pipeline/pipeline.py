@@ -1,0 +1,353 @@
+"""RLVRPipeline: owns the Ray clusters and runs the RL loop, one short step of named stages at a time."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from roll_pipeline.algorithms import ADVANTAGES
+from roll_pipeline.algorithms.advantages import place_at_last_token
+from roll_pipeline.batch import Batch
+from roll_pipeline.config import PipelineConfig, ResolvedConfig
+from roll_pipeline.data.loading import encode_prompts, load_domain_rows
+from roll_pipeline.distributed.cluster import Cluster
+from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
+from roll_pipeline.validation import rollout_metrics, validation_metrics
+from schedulers.dynamic_sampling import DynamicSamplingScheduler
+
+logger = logging.getLogger(__name__)
+
+
+def total_optimizer_steps(cfg: PipelineConfig, section: Any) -> int:
+    ta = section.training_args
+    samples = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+    per_update = ta.per_device_train_batch_size * ta.gradient_accumulation_steps * section.world_size
+    return cfg.max_steps * cfg.ppo_epochs * (samples // per_update)
+
+
+def worker_env(torch_threads: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(torch_threads), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def init_ray(cfg: PipelineConfig) -> None:
+    """Join the configured (or RAY_ADDRESS) cluster, or start a local one sized for every worker."""
+    if ray.is_initialized():
+        return
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    sections = [cfg.actor_train, cfg.actor_infer, cfg.reference, cfg.critic]
+    needed = sum(s.world_size * s.num_cpus_per_worker for s in sections if s is not None)
+    needed += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
+    num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, logging_level=logging.WARNING)
+
+
+@dataclasses.dataclass
+class StepTimer:
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+class RLVRPipeline:
+    """Multi-domain RLVR: per-domain schedulers fill each step's batch, then one PPO-style update for all."""
+
+    def __init__(self, resolved: ResolvedConfig) -> None:
+        self.resolved = resolved
+        self.cfg = resolved.config
+        self.tracker: MlflowTracker | None = None
+        self.history: dict[int, dict[str, float]] = {}
+        self.global_step = 0
+
+    # ------------------------------------------------------------------------------------------- set-up
+
+    def setup(self) -> None:
+        from workers.actor_infer import ActorInferWorker
+        from workers.actor_train import ActorTrainWorker
+        from workers.critic import CriticWorker
+        from workers.reference import ReferenceWorker
+        from workers.strategies.loading import load_tokenizer
+
+        cfg = self.cfg
+        self.tokenizer = load_tokenizer(cfg.actor_infer.model_args)
+        train_rows = load_domain_rows(cfg.data.train_files, cfg.rewards)
+        val_rows = load_domain_rows(cfg.data.val_files, cfg.rewards) if cfg.data.val_files else {}
+        for domain, rows in train_rows.items():
+            if not rows:
+                raise ValueError(f"rewards.{domain}.tag_included: no training row has one of these tags")
+        init_ray(cfg)
+
+        def make(name: str, cls: type, section: Any, **kwargs: Any) -> Cluster:
+            return Cluster(
+                name,
+                cls,
+                world_size=section.world_size,
+                num_cpus=section.num_cpus_per_worker,
+                num_gpus=section.num_gpus_per_worker,
+                worker_kwargs={"pipeline_config": cfg, **kwargs},
+                env_vars=worker_env(section.torch_threads),
+            )
+
+        self.actor_train = make(
+            "actor_train", ActorTrainWorker, cfg.actor_train,
+            total_optimizer_steps=total_optimizer_steps(cfg, cfg.actor_train),
+        )
+        self.actor_infer = make("actor_infer", ActorInferWorker, cfg.actor_infer)
+        self.reference = make("reference", ReferenceWorker, cfg.reference) if cfg.use_kl_loss else None
+        self.critic = (
+            make("critic", CriticWorker, cfg.critic, total_optimizer_steps=total_optimizer_steps(cfg, cfg.critic))
+            if cfg.adv_estimator == "gae"
+            else None
+        )
+        self.rewards = {domain: self._reward_cluster(domain) for domain in cfg.domain_interleave_probs}
+        for trained in filter(None, [self.actor_train, self.critic]):
+            trained.init_process_group()
+        ray.get([ref for c in filter(None, [self.actor_train, self.critic]) for ref in c.call_async("initialize")])
+        self.schedulers = {
+            domain: DynamicSamplingScheduler(
+                domain=domain,
+                rows=train_rows[domain],
+                prompt_ids=encode_prompts(self.tokenizer, train_rows[domain], cfg.data),
+                val_rows=val_rows.get(domain, []),
+                val_prompt_ids=encode_prompts(self.tokenizer, val_rows.get(domain, []), cfg.data),
+                tokenizer=self.tokenizer,
+                infer=self.actor_infer,
+                reward=self.rewards[domain],
+                seed=cfg.seed,
+            )
+            for domain in cfg.domain_interleave_probs
+        }
+        self.tracker = MlflowTracker(dataclasses.replace(cfg.tracking))
+        self.tracker.log_params(dataclasses.asdict(cfg))
+        self.tracker.log_dict(self.resolved.to_dict(), "resolved_config.json")
+        self.tracker.set_tags({"domains": ",".join(cfg.domain_interleave_probs), "pretrain": cfg.pretrain})
+        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.output_dir) / "resolved_config.json").write_text(json.dumps(self.resolved.to_dict(), indent=2))
+
+    def _reward_cluster(self, domain: str) -> Cluster:
+        from workers.rewards.worker import RewardWorker
+
+        r = self.cfg.rewards[domain]
+        return Cluster(
+            f"reward_{domain}",
+            RewardWorker,
+            world_size=r.world_size,
+            num_cpus=r.num_cpus_per_worker,
+            num_gpus=0,
+            worker_kwargs={
+                "domain": domain,
+                "worker_spec": r.worker,
+                "options": r.options,
+                "timeout_s": r.timeout_s,
+                "num_threads": r.num_threads,
+            },
+            env_vars=worker_env(1),
+            pass_rank=False,
+        )
+
+    # ------------------------------------------------------------------------------------------- the step
+
+    def step(self) -> dict[str, float]:
+        """One RL step: rollout, log-probs, values, advantages, update, weight sync."""
+        timer = StepTimer()
+        with timer.stage("rollout"):
+            batch, metrics = self.rollout()
+        with timer.stage("log_probs"):
+            batch = self.compute_log_probs(batch)
+        with timer.stage("values"):
+            batch = self.compute_values(batch)
+        with timer.stage("advantages"):
+            batch = self.compute_advantages(batch)
+        with timer.stage("train"):
+            metrics |= self.train(batch)
+        with timer.stage("sync_weights"):
+            self.sync_weights()
+        metrics |= {f"time/{name}_s": s for name, s in timer.seconds.items()}
+        generated = float(batch["response_mask"].sum())
+        metrics["throughput/generated_tokens"] = generated
+        metrics["throughput/rollout_tokens_per_s"] = generated / max(timer.seconds["rollout"], 1e-9)
+        metrics["time/step_s"] = sum(timer.seconds.values())
+        return metrics
+
+    def rollout(self) -> tuple[Batch, dict[str, float]]:
+        """Each domain's scheduler fills its share of rollout_batch_size prompts, each with a scored group."""
+        parts, metrics, next_group = [], {}, 0
+        n = self.cfg.num_return_sequences_in_group
+        for domain, share in self.resolved.domain_shares.items():
+            part = self.schedulers[domain].get_batch(share, n, self.cfg.actor_infer.generating_args, next_group)
+            next_group += share
+            parts.append(part)
+            metrics |= rollout_metrics(domain, self._records(part))
+        batch = Batch.concat(parts)
+        metrics |= rollout_metrics("all", self._records(batch))
+        return batch, metrics
+
+    def compute_log_probs(self, batch: Batch) -> Batch:
+        old = self.actor_train.dispatch("compute_log_probs", batch)
+        tensors = {"old_log_probs": torch.cat(old)}
+        if self.reference is not None:
+            tensors["ref_log_probs"] = torch.cat(self.reference.dispatch("compute_log_probs", batch))
+        return batch.update(tensors)
+
+    def compute_values(self, batch: Batch) -> Batch:
+        if self.critic is None:
+            return batch
+        return batch.update({"values": torch.cat(self.critic.dispatch("compute_values", batch))})
+
+    def compute_advantages(self, batch: Batch) -> Batch:
+        rewards = place_at_last_token(batch["scores"] * batch["sample_mask"], batch["response_mask"])
+        estimator = ADVANTAGES.get(self.cfg.adv_estimator)
+        advantages, returns = estimator(
+            token_level_rewards=rewards,
+            response_mask=batch["response_mask"],
+            group_ids=batch["group_ids"],
+            sample_mask=batch["sample_mask"],
+            values=batch.tensors.get("values"),
+            gamma=self.cfg.gamma,
+            lambd=self.cfg.lambd,
+        )
+        return batch.update({"token_level_rewards": rewards, "advantages": advantages, "returns": returns})
+
+    def train(self, batch: Batch) -> dict[str, float]:
+        refs = []
+        if self.critic is not None:
+            refs += self.critic.call_async_dispatch("train_step", batch)
+        refs += self.actor_train.call_async_dispatch("train_step", batch)
+        results = ray.get(refs)
+        metrics: dict[str, float] = {}
+        for result in results:
+            for k, v in result.items():
+                metrics[k] = metrics.get(k, 0.0) + v / len(results)
+        return metrics
+
+    def sync_weights(self) -> None:
+        weights = ray.put(self.actor_train.call_rank0("get_weights"))
+        self.actor_infer.call("update_weights", weights)
+
+    # ------------------------------------------------------------------------------------------- the loop
+
+    def validate(self) -> dict[str, float]:
+        args = self.cfg.validation.generating_args
+        records = []
+        for scheduler in self.schedulers.values():
+            records += self._records(scheduler.validate(args, self.cfg.validation.max_prompts))
+        return validation_metrics(records)
+
+    def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+        """Train for max_steps; validate at the start, every eval_steps and at the end. Returns a summary."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        status = "FAILED"
+        try:
+            if cfg.validation.eval_at_start and self._has_validation():
+                self._log(0, self.validate())
+            for step in range(1, cfg.max_steps + 1):
+                self.global_step = step
+                metrics = self.step()
+                last = step == cfg.max_steps
+                if self._has_validation() and (last or (cfg.eval_steps and step % cfg.eval_steps == 0)):
+                    metrics |= self.validate()
+                self._log(step, metrics)
+                if cfg.save_steps and (step % cfg.save_steps == 0 or last):
+                    self.save_checkpoint(step)
+                if on_step:
+                    on_step(step, metrics)
+            status = "FINISHED"
+        finally:
+            if self.tracker:
+                self.tracker.finish(status)
+        return self.summary(time.perf_counter() - start)
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        val_steps = [s for s, m in sorted(self.history.items()) if "val_correct/all/mean" in m]
+
+        def accuracies(step: int) -> dict[str, float]:
+            return {k: v for k, v in self.history[step].items() if k.startswith("val_correct/")}
+
+        return {
+            "run_id": self.tracker.run_id if self.tracker else None,
+            "tracking_uri": self.tracker.uri if self.tracker else None,
+            "steps": self.global_step,
+            "wall_s": wall_s,
+            "start": {"step": val_steps[0], **accuracies(val_steps[0])} if val_steps else None,
+            "end": {"step": val_steps[-1], **accuracies(val_steps[-1])} if val_steps else None,
+            "output_dir": self.cfg.output_dir,
+        }
+
+    def save_checkpoint(self, step: int) -> Path:
+        """Write step_<N> under output_dir/checkpoints via a temporary folder, then point `latest` at it."""
+        root = Path(self.cfg.output_dir) / "checkpoints"
+        final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        state = {
+            "step": step,
+            "schedulers": {d: s.state_dict() for d, s in self.schedulers.items()},
+            "mlflow_run_id": self.tracker.run_id if self.tracker else None,
+        }
+        self.actor_train.call("save_checkpoint", str(tmp / "actor_train"), {"step": step})
+        if self.critic is not None:
+            self.critic.call("save_checkpoint", str(tmp / "critic"), {"step": step})
+        (tmp / "pipeline_state.json").write_text(json.dumps(state, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        latest_tmp = root / "latest.tmp"
+        latest_tmp.write_text(final.name)
+        latest_tmp.replace(root / "latest")
+        return final
+
+    def shutdown(self) -> None:
+        for name in ("actor_train", "actor_infer", "reference", "critic"):
+            cluster = getattr(self, name, None)
+            if cluster is not None:
+                cluster.shutdown()
+        for cluster in getattr(self, "rewards", {}).values():
+            cluster.shutdown()
+
+    # ------------------------------------------------------------------------------------------- helpers
+
+    def _has_validation(self) -> bool:
+        return any(s.val_rows for s in self.schedulers.values())
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        self.history[step] = metrics
+        if self.tracker:
+            self.tracker.log_metrics(metrics, step)
+
+    @staticmethod
+    def _records(batch: Batch) -> list[dict[str, Any]]:
+        lengths = batch["response_mask"].sum(-1).long().tolist()
+        masked = (batch["sample_mask"] == 0).tolist()
+        scores = batch["scores"].tolist()
+        return [
+            {
+                "domain": batch.meta["domain"][i],
+                "tag": batch.meta["tag"][i],
+                "correct": batch.meta["correct"][i],
+                "score": scores[i],
+                "masked": masked[i],
+                "response_length": lengths[i],
+                "finish_reason": batch.meta["finish_reason"][i],
+            }
+            for i in range(len(batch))
+        ]

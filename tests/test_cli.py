@@ -1,0 +1,81 @@
+"""The `roll` command, driven in-process through main(argv)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from roll_pipeline.cli import main
+from tests.conftest import EXAMPLES
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("run", "config", "model", "data"):
+        assert command in out
+
+
+def test_bad_key_gives_one_clear_error_and_exit_2(capsys):
+    code = main(["config", "show", str(EXAMPLES / "math_code.yaml"), "actor_train.training_args.learning_rat=1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "actor_train.training_args.learning_rat: unknown key (did you mean 'learning_rate'?)" in err
+    assert "Traceback" not in err
+
+
+def test_missing_config_file(capsys):
+    assert main(["run", "no/such.yaml", "--dry-run"]) == 2
+    assert "cannot read config file no/such.yaml" in capsys.readouterr().err
+
+
+def test_config_show_prints_resolved_values(capsys):
+    assert main(["config", "show", str(EXAMPLES / "math_code.yaml"), "max_steps=3"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["config"]["max_steps"] == 3
+    assert Path(shown["config"]["actor_train"]["model_args"]["model_name_or_path"]).is_absolute()
+    assert sum(shown["derived"]["domain_shares"].values()) == shown["config"]["rollout_batch_size"]
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_dry_run_passes_on_every_example(example, tiny_model, capsys):
+    assert main(["run", str(EXAMPLES / example), "--dry-run"]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert "all checks passed" in out
+    assert "[FAIL]" not in out
+
+
+def test_dry_run_names_a_missing_data_file_and_model(tmp_path, capsys):
+    cfg = yaml.safe_load((EXAMPLES / "math_code.yaml").read_text())
+    cfg["pretrain"] = str(tmp_path / "no-model")
+    cfg["data"]["train_files"] = [str(tmp_path / "missing.jsonl")]
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(path), "--dry-run"]) == 2
+    out = capsys.readouterr().out
+    assert f"[FAIL] data.train_files: data file {tmp_path / 'missing.jsonl'} does not exist" in out
+    assert f"[FAIL] pretrain: model path {tmp_path / 'no-model'} does not exist" in out
+
+
+def test_dry_run_names_an_unknown_reward_worker(tmp_path, tiny_model, capsys):
+    cfg = yaml.safe_load((EXAMPLES / "math_code.yaml").read_text())
+    cfg["rewards"]["math"]["worker"] = "no_such_worker"
+    path = EXAMPLES / ".test_unknown_worker.yaml"
+    try:
+        path.write_text(yaml.safe_dump(cfg))
+        assert main(["run", str(path), "--dry-run"]) == 2
+    finally:
+        path.unlink()
+    out = capsys.readouterr().out
+    assert "[FAIL] rewards.math.worker:" in out and "no_such_worker" in out
+
+
+def test_data_generate_writes_files(tmp_path, capsys):
+    assert main(["data", "generate", "--out", str(tmp_path)]) == 0
+    assert {p.name for p in tmp_path.glob("*.jsonl")} == {
+        "math_train.jsonl", "math_val.jsonl", "code_train.jsonl", "code_val.jsonl"
+    }

@@ -1,0 +1,179 @@
+"""Config loading: strict types, key paths in errors, references, overrides, validation and resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from roll_pipeline.config import ConfigError, domain_shares, interpolate, load_config, parse_override
+
+BASE = {
+    "pretrain": "./model",
+    "max_steps": 3,
+    "rollout_batch_size": 4,
+    "num_return_sequences_in_group": 4,
+    "domain_interleave_probs": {"math": 0.5, "code": 0.5},
+    "rewards": {
+        "math": {"worker": "math_rule", "tag_included": ["add"]},
+        "code": {"worker": "code_sandbox", "tag_included": ["string"]},
+    },
+    "data": {"train_files": ["data/train.jsonl"]},
+    "actor_train": {"training_args": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}},
+}
+
+
+def write(tmp_path: Path, cfg: dict) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def load(tmp_path: Path, cfg: dict, overrides: list[str] | None = None):
+    return load_config(write(tmp_path, cfg), overrides)
+
+
+def error_of(tmp_path: Path, cfg: dict, overrides: list[str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, cfg, overrides)
+    return str(info.value)
+
+
+def test_valid_config_resolves_paths_and_defaults(tmp_path):
+    resolved = load(tmp_path, BASE)
+    cfg = resolved.config
+    assert cfg.pretrain == str(tmp_path / "model")
+    assert cfg.actor_train.model_args.model_name_or_path == str(tmp_path / "model")
+    assert cfg.actor_infer.model_args.model_name_or_path == str(tmp_path / "model")
+    assert cfg.data.train_files == [str(tmp_path / "data" / "train.jsonl")]
+    assert cfg.output_dir.endswith("runs/rlvr")
+    assert resolved.domain_shares == {"math": 2, "code": 2}
+
+
+def test_config_is_frozen(tmp_path):
+    cfg = load(tmp_path, BASE).config
+    with pytest.raises(AttributeError):
+        cfg.max_steps = 5
+
+
+def test_unknown_key_names_its_path_and_suggests(tmp_path):
+    bad = {**BASE, "actor_train": {"training_args": {"learning_rat": 1e-5}}}
+    msg = error_of(tmp_path, bad)
+    assert "actor_train.training_args.learning_rat: unknown key" in msg
+    assert "did you mean 'learning_rate'" in msg
+
+
+def test_unknown_key_inside_a_domain(tmp_path):
+    bad = {**BASE, "rewards": {**BASE["rewards"], "code": {**BASE["rewards"]["code"], "timeout": 3}}}
+    assert "rewards.code.timeout: unknown key" in error_of(tmp_path, bad)
+
+
+def test_wrong_type_names_path_and_types(tmp_path):
+    msg = error_of(tmp_path, {**BASE, "max_steps": "ten"})
+    assert msg == "max_steps: expected int, got 'ten' (str)"
+
+
+def test_missing_required_key(tmp_path):
+    cfg = {k: v for k, v in BASE.items() if k != "rollout_batch_size"}
+    assert error_of(tmp_path, cfg) == "rollout_batch_size: required key is missing"
+
+
+def test_float_fields_accept_ints_and_exponent_strings(tmp_path):
+    cfg = load(tmp_path, BASE, ["actor_train.training_args.learning_rate=1e-5", "pg_clip=0.25"]).config
+    assert cfg.actor_train.training_args.learning_rate == pytest.approx(1e-5)
+    assert cfg.pg_clip == 0.25
+
+
+def test_probabilities_must_sum_to_one(tmp_path):
+    msg = error_of(tmp_path, {**BASE, "domain_interleave_probs": {"math": 0.5, "code": 0.4}})
+    assert "domain_interleave_probs: must sum to 1, got 0.9 (math=0.5, code=0.4)" in msg
+
+
+def test_domain_without_reward_worker(tmp_path):
+    probs = {"math": 0.5, "code": 0.25, "poetry": 0.25}
+    msg = error_of(tmp_path, {**BASE, "domain_interleave_probs": probs})
+    assert "domain_interleave_probs.poetry: domain 'poetry' has no reward worker under rewards" in msg
+
+
+def test_share_of_zero_prompts_is_an_error(tmp_path):
+    cfg = {**BASE, "domain_interleave_probs": {"math": 0.9, "code": 0.1}}
+    msg = error_of(tmp_path, cfg)
+    assert "domain_interleave_probs.code: gives domain 'code' 0 of rollout_batch_size=4 prompts" in msg
+
+
+def test_batch_that_does_not_divide(tmp_path):
+    msg = error_of(tmp_path, BASE, ["num_return_sequences_in_group=3"])
+    assert "actor_train.training_args: rollout_batch_size * num_return_sequences_in_group = 12" in msg
+    assert "= 8" in msg
+
+
+def test_several_problems_are_reported_together(tmp_path):
+    msg = error_of(tmp_path, BASE, ["max_steps=0", "pg_clip=1.5"])
+    assert "max_steps: must be >= 1" in msg and "pg_clip: must be in (0, 1), got 1.5" in msg
+
+
+def test_same_tag_in_two_domains(tmp_path):
+    rewards = {**BASE["rewards"], "code": {"worker": "code_sandbox", "tag_included": ["string", "add"]}}
+    msg = error_of(tmp_path, {**BASE, "rewards": rewards})
+    assert "rewards.code.tag_included: tag 'add' is also routed to domain 'math'" in msg
+
+
+def test_gae_needs_a_critic(tmp_path):
+    assert "critic: adv_estimator gae needs a critic section" in error_of(tmp_path, BASE, ["adv_estimator=gae"])
+
+
+def test_references_keep_types_and_embed_in_strings():
+    tree = {"a": {"n": 3, "name": "x"}, "b": "${a.n}", "c": "run-${a.name}-${a.n}", "d": ["${a.n}"]}
+    assert interpolate(tree) == {"a": {"n": 3, "name": "x"}, "b": 3, "c": "run-x-3", "d": [3]}
+
+
+def test_reference_chain_and_errors():
+    assert interpolate({"a": "${b}", "b": "${c}", "c": 1})["a"] == 1
+    with pytest.raises(ConfigError, match=r"x: reference \$\{nope\} names no key"):
+        interpolate({"x": "${nope}"})
+    with pytest.raises(ConfigError, match="circular reference"):
+        interpolate({"a": "${b}", "b": "${a}"})
+
+
+def test_reference_in_a_config_file(tmp_path):
+    cfg = {**BASE, "exp_name": "demo", "tracking": {"experiment_name": "${exp_name}-exp"}}
+    assert load(tmp_path, cfg).config.tracking.experiment_name == "demo-exp"
+
+
+def test_overrides_parse_yaml_values(tmp_path):
+    assert parse_override("a.b=3") == (["a", "b"], 3)
+    assert parse_override("a=[1, 2]") == (["a"], [1, 2])
+    assert parse_override("a=hello") == (["a"], "hello")
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        parse_override("novalue")
+    cfg = load(tmp_path, BASE, ["max_steps=7", "actor_infer.generating_args.temperature=0.7"]).config
+    assert cfg.max_steps == 7 and cfg.actor_infer.generating_args.temperature == 0.7
+
+
+def test_override_with_unknown_key_is_rejected(tmp_path):
+    assert "actor_infer.generating_args.temprature: unknown key" in error_of(
+        tmp_path, BASE, ["actor_infer.generating_args.temprature=0.5"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("probs", "total", "expected"),
+    [
+        ({"a": 0.5, "b": 0.5}, 16, {"a": 8, "b": 8}),
+        ({"a": 0.6, "b": 0.4}, 5, {"a": 3, "b": 2}),
+        ({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}, 10, {"a": 4, "b": 3, "c": 3}),
+        ({"a": 0.25, "b": 0.35, "c": 0.4}, 7, {"a": 2, "b": 2, "c": 3}),
+    ],
+)
+def test_domain_shares_largest_remainder(probs, total, expected):
+    shares = domain_shares(probs, total)
+    assert shares == expected
+    assert sum(shares.values()) == total
+
+
+def test_every_example_config_loads():
+    examples = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        load_config(path)

@@ -1,0 +1,117 @@
+"""actor_train: the policy being trained (PPO-style updates on DeepSpeed)."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from roll_pipeline.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss, batch_normalizer
+from roll_pipeline.batch import Batch
+from roll_pipeline.config import PipelineConfig
+from roll_pipeline.models.forward import batched_log_probs, log_probs_from_logits, response_logits
+from workers.base import Worker
+from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
+from workers.strategies.loading import load_causal_lm
+
+NEEDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_log_probs", "advantages", "sample_mask")
+
+
+def loss_mask(batch: Batch) -> torch.Tensor:
+    """Response tokens of samples whose reward is valid."""
+    return batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
+
+
+def global_normalizer(mask: torch.Tensor, mode: str, world_size: int) -> float:
+    """The mini-batch's token (or response) count over all ranks, divided by the world size.
+
+    DeepSpeed averages gradients over ranks, so dividing each rank's sum by global_count / world_size makes the
+    averaged gradient that of the global mean.
+    """
+    count = torch.tensor(batch_normalizer(mask, mode), dtype=torch.float64)
+    if world_size > 1 and dist.is_initialized():
+        dist.all_reduce(count)
+    return float(count) / world_size
+
+
+def policy_objective(
+    log_probs: torch.Tensor, entropy: torch.Tensor, micro: Batch, cfg: PipelineConfig, norm: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The scalar loss of one micro-batch (already divided by the mini-batch normaliser) and its parts."""
+    mask = loss_mask(micro)
+    mode = cfg.loss_agg_mode
+    pg, diag = POLICY_LOSSES.get("ppo_clip")(log_probs, micro["old_log_probs"], micro["advantages"], mask, cfg.pg_clip)
+    pg_loss = aggregate_loss(pg, mask, mode, norm)
+    loss = pg_loss
+    parts = {
+        "pg_loss": pg_loss.detach(),
+        "clipfrac": aggregate_loss(diag["clipped"].detach(), mask, mode, norm),
+        "approx_kl": aggregate_loss(diag["approx_kl"].detach(), mask, mode, norm),
+        "entropy": aggregate_loss(entropy.detach(), mask, mode, norm),
+    }
+    if cfg.use_kl_loss:
+        kl = KL_ESTIMATORS.get(cfg.kl_estimator)(log_probs, micro["ref_log_probs"])
+        kl_loss = aggregate_loss(kl, mask, mode, norm)
+        loss = loss + cfg.kl_loss_coef * kl_loss
+        parts["kl_loss"] = kl_loss.detach()
+    if cfg.entropy_loss_coef:
+        loss = loss - cfg.entropy_loss_coef * aggregate_loss(entropy, mask, mode, norm)
+    return loss, parts
+
+
+class ActorTrainWorker(Worker):
+    def __init__(self, *, pipeline_config: PipelineConfig, total_optimizer_steps: int, **kwargs) -> None:
+        cfg = pipeline_config.actor_train
+        super().__init__(seed=pipeline_config.seed, torch_threads=cfg.torch_threads, **kwargs)
+        self.cfg = pipeline_config
+        self.section = cfg
+        self.total_optimizer_steps = total_optimizer_steps
+        self.strategy: DeepSpeedTrainStrategy | None = None
+
+    def initialize(self) -> None:
+        if "MASTER_ADDR" not in os.environ:
+            self.set_distributed_env(*self.address())
+        model = load_causal_lm(self.section.model_args)
+        self.strategy = DeepSpeedTrainStrategy(self.section, model, self.total_optimizer_steps)
+
+    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
+        batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="actor_train.compute_log_probs")
+        self.strategy.module.eval()
+        temperature = self.cfg.actor_infer.generating_args.temperature
+        return batched_log_probs(self.strategy.module, batch, self.section.infer_batch_size, temperature)
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """ppo_epochs passes over this rank's shard in mini-batches; returns averaged metrics."""
+        batch.require(*NEEDS, *(("ref_log_probs",) if self.cfg.use_kl_loss else ()), where="actor_train.train_step")
+        ta = self.section.training_args
+        module, temperature = self.strategy.module, self.cfg.actor_infer.generating_args.temperature
+        module.train()
+        sums: dict[str, float] = defaultdict(float)
+        n_minibatches = 0
+        for _ in range(self.cfg.ppo_epochs):
+            for minibatch in batch.split(ta.per_device_train_batch_size * ta.gradient_accumulation_steps):
+                norm = global_normalizer(loss_mask(minibatch), self.cfg.loss_agg_mode, self.world_size)
+                for micro in minibatch.split(ta.per_device_train_batch_size):
+                    logits = response_logits(self.strategy.engine, micro)
+                    log_probs, entropy = log_probs_from_logits(
+                        logits, micro["response_ids"], temperature, with_entropy=True
+                    )
+                    loss, parts = policy_objective(log_probs, entropy, micro, self.cfg, norm)
+                    self.strategy.backward(loss)
+                    self.strategy.step()
+                    for k, v in parts.items():
+                        sums[k] += float(v)
+                sums["grad_norm"] += self.strategy.grad_norm()
+                sums["lr"] += self.strategy.lr()
+                n_minibatches += 1
+        return {f"actor/{k}": v / n_minibatches for k, v in sums.items()}
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return self.strategy.state_dict_for_inference()
+
+    def save_checkpoint(self, path: str, client_state: dict) -> None:
+        self.strategy.save(path, client_state)
+        if self.rank == 0:
+            self.strategy.module.save_pretrained(os.path.join(path, "hf_model"))

@@ -1,0 +1,65 @@
+"""What every Ray worker does first: pin its thread count, seed itself, and join its cluster's process group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    """Base of all role workers. Plain Python: `Cluster` wraps subclasses in `ray.remote`, tests may not."""
+
+    def __init__(self, *, name: str, rank: int, world_size: int, seed: int, torch_threads: int) -> None:
+        self.name = name
+        self.rank = rank
+        self.world_size = world_size
+        # Several workers share the box; each uses at most its own share of intra-op threads.
+        torch.set_num_threads(torch_threads)
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        seed_everything(seed + rank)
+        logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {name}[{rank}] %(levelname)s %(message)s")
+        quiet_libraries()
+
+    def address(self) -> tuple[str, int]:
+        """This worker's IP and a free TCP port on it, for rank 0 to host the process group's rendezvous."""
+        ip = socket.gethostbyname(socket.gethostname()) if self.world_size > 1 else "127.0.0.1"
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ip, s.getsockname()[1]
+
+    def set_distributed_env(self, master_addr: str, master_port: int) -> None:
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            LOCAL_RANK="0",
+            WORLD_SIZE=str(self.world_size),
+        )
+
+    def ready(self) -> bool:
+        return True
+
+
+def quiet_libraries() -> None:
+    """Keep library chatter (loading bars, accelerator notes) out of the driver's terminal."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    for noisy in ("DeepSpeed", "deepspeed", "datasets"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)

@@ -1,0 +1,14 @@
+"""Rewards: a pure scorer per domain (``math_rule``, ``code_sandbox``), a registry, and the generic worker."""
+
+from workers.rewards.base import RewardResult, RewardScorer
+from workers.rewards.registry import available_reward_workers, get_reward_scorer_cls, register_reward_worker
+from workers.rewards.worker import RewardWorker
+
+__all__ = [
+    "RewardResult",
+    "RewardScorer",
+    "RewardWorker",
+    "available_reward_workers",
+    "get_reward_scorer_cls",
+    "register_reward_worker",
+]

@@ -1,0 +1,72 @@
+"""The pure layer of a reward: one ``RewardScorer`` per domain, returning a ``RewardResult`` per sample.
+
+A scorer knows nothing about Ray, batches, tensors or timeouts; ``workers.rewards.worker.RewardWorker`` adds
+those. ``score`` returns ``None`` when the sample is not something this scorer can judge (no test cases, a
+ground truth in the wrong form): the worker masks such a sample instead of rewarding it with 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+
+#: Metric names the reward worker writes itself; a scorer's own metrics must not shadow them.
+RESERVED_METRIC_NAMES = frozenset(
+    {"score", "correct", "count", "masked", "masked_error", "masked_timeout", "masked_not_applicable"}
+)
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """The judgement of one response."""
+
+    #: The reward given to the response.
+    score: float
+    #: Whether the response counts as correct, for accuracy metrics (independent of reward shaping).
+    correct: bool
+    #: Extra per-sample metrics, averaged per domain by the worker, e.g. ``{"answer_found": 1.0}``.
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.score, int | float)
+            or isinstance(self.score, bool)
+            or not math.isfinite(self.score)
+        ):
+            raise ValueError(f"RewardResult.score must be a finite number, got {self.score!r}")
+        if not isinstance(self.correct, bool):
+            raise TypeError(f"RewardResult.correct must be a bool, got {type(self.correct).__name__}")
+        shadowed = RESERVED_METRIC_NAMES.intersection(self.metrics)
+        if shadowed:
+            raise ValueError(
+                f"RewardResult.metrics uses names reserved for the reward worker: {sorted(shadowed)}"
+            )
+
+
+class RewardScorer:
+    """Base class of a domain's pure scorer.
+
+    Subclasses declare their options as keyword-only parameters of ``__init__`` (with defaults) and pass any
+    remaining keyword arguments on to ``super().__init__``, which rejects them by name. Options come from the
+    YAML block ``rewards.<domain>.options``.
+    """
+
+    def __init__(self, **options: object) -> None:
+        if options:
+            accepted = sorted(
+                name
+                for name, param in inspect.signature(type(self).__init__).parameters.items()
+                if param.kind is inspect.Parameter.KEYWORD_ONLY
+            )
+            raise TypeError(
+                f"{type(self).__name__}: unknown option(s) {sorted(options)}; "
+                f"accepted options: {accepted or 'none'}"
+            )
+
+    def score(self, response: str, ground_truth: str, **fields: object) -> RewardResult | None:
+        """Judge ``response`` against ``ground_truth``; ``fields`` are the sample's other dataset columns.
+
+        Returns ``None`` when the sample cannot be judged by this scorer (never 0 for that case).
+        """
+        raise NotImplementedError

@@ -1,0 +1,94 @@
+"""Training with DeepSpeed: the engine, optimizer and LR schedule of actor_train and critic."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from roll_pipeline.config import ActorTrainConfig
+from workers.strategies.loading import DTYPES
+
+logger = logging.getLogger(__name__)
+
+_SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def deepspeed_config(config: ActorTrainConfig) -> dict[str, Any]:
+    ta = config.training_args
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": ta.per_device_train_batch_size,
+        "gradient_accumulation_steps": ta.gradient_accumulation_steps,
+        "gradient_clipping": ta.max_grad_norm,
+        "zero_optimization": {"stage": 0},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if config.model_args.dtype == "bfloat16":
+        ds["bf16"] = {"enabled": True}
+    elif config.model_args.dtype == "float16":
+        ds["fp16"] = {"enabled": True}
+    return deep_merge(ds, config.strategy_args.strategy_config)
+
+
+class DeepSpeedTrainStrategy:
+    """Wraps a model in a DeepSpeed engine; the worker drives forward/backward/step through `engine`."""
+
+    def __init__(self, config: ActorTrainConfig, model: torch.nn.Module, total_optimizer_steps: int) -> None:
+        import deepspeed  # heavy; imported only where training happens
+
+        ta = config.training_args
+        if config.model_args.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.to(DTYPES[config.model_args.dtype])
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params, lr=ta.learning_rate, betas=(ta.adam_beta1, ta.adam_beta2), weight_decay=ta.weight_decay
+        )
+        from transformers import get_scheduler
+
+        scheduler = get_scheduler(
+            _SCHEDULERS[ta.lr_scheduler_type],
+            optimizer,
+            num_warmup_steps=ta.warmup_steps,
+            num_training_steps=max(total_optimizer_steps, 1),
+        )
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        deepspeed.init_distributed(dist_backend=backend)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(config)
+        )
+        self.device = self.engine.device
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # losses arrive already normalised over the whole mini-batch, so no extra division by accumulation steps
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def grad_norm(self) -> float:
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
+        """Full weights on CPU, for actor_infer (ZeRO stage 0-2 keep whole parameters on every rank)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+
+    def save(self, path: str, client_state: dict[str, Any]) -> None:
+        self.engine.save_checkpoint(path, tag="engine", client_state=client_state)

@@ -1,0 +1,70 @@
+"""Inference with transformers: batched sampling for actor_infer, frozen log-probs for the reference."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+
+from roll_pipeline.config import ClusterConfig, GeneratingArgs
+from roll_pipeline.models.forward import batched_log_probs
+from workers.strategies.loading import eos_token_ids, load_causal_lm, load_tokenizer
+
+
+def truncate_at_eos(responses: torch.Tensor, eos_ids: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Cut each row after its first end-of-sequence token.
+
+    Returns the responses with everything after that token set to `pad_id`, the (B, R) float mask of kept tokens
+    (the eos token included), and each row's finish reason: 'stop' or 'length' (no eos within the budget).
+    """
+    is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))
+    seen_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    mask = (~seen_before).float()
+    cleaned = torch.where(seen_before, torch.full_like(responses, pad_id), responses)
+    finish = ["stop" if bool(row.any()) else "length" for row in is_eos]
+    return cleaned, mask, finish
+
+
+class HFInferStrategy:
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model_args)
+        self.model = load_causal_lm(config.model_args).eval()
+        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
+        self.pad_id = self.tokenizer.pad_token_id
+
+    def generation_config(self, args: GeneratingArgs, num_return_sequences: int) -> GenerationConfig:
+        sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k or None}
+        return GenerationConfig(
+            max_new_tokens=args.max_new_tokens,
+            do_sample=args.do_sample,
+            num_return_sequences=num_return_sequences,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            **(sampling if args.do_sample else {}),
+        )
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, args: GeneratingArgs, num_return_sequences: int
+    ) -> dict[str, object]:
+        """Sample `num_return_sequences` responses per prompt; rows come out grouped by prompt (i * n + j)."""
+        gen_cfg = self.generation_config(args, num_return_sequences)
+        prompts_per_call = max(1, self.config.infer_batch_size // num_return_sequences)
+        outs = []
+        for start in range(0, prompt_ids.shape[0], prompts_per_call):
+            ids = prompt_ids[start : start + prompts_per_call]
+            mask = prompt_mask[start : start + prompts_per_call]
+            seqs = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+            outs.append(seqs[:, ids.shape[1] :])
+        width = max(o.shape[1] for o in outs)
+        responses = torch.cat(
+            [torch.nn.functional.pad(o, (0, width - o.shape[1]), value=self.pad_id) for o in outs]
+        )
+        responses, response_mask, finish = truncate_at_eos(responses, self.eos_ids, self.pad_id)
+        return {"response_ids": responses, "response_mask": response_mask, "finish_reason": finish}
+
+    def log_probs(self, batch, temperature: float) -> torch.Tensor:
+        return batched_log_probs(self.model, batch, self.config.infer_batch_size, temperature)
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state_dict)

@@ -1,0 +1,44 @@
+"""Loading models and tokenizers the way a user's real checkpoint is loaded: `from_pretrained` on a path."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+)
+
+from roll_pipeline.config import ModelArgs
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_tokenizer(model_args: ModelArgs) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(model_args: ModelArgs) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, dtype=DTYPES[model_args.dtype])
+
+
+def load_value_model(model_args: ModelArgs) -> torch.nn.Module:
+    """The policy's backbone with a fresh one-output head per token (the critic)."""
+    return AutoModelForTokenClassification.from_pretrained(
+        model_args.model_name_or_path, num_labels=1, dtype=DTYPES[model_args.dtype]
+    )
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if not ids:
+        raise ValueError("the model has no end-of-sequence token (generation_config.eos_token_id or tokenizer)")
+    return ids
