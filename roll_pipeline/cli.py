@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with tqdm(total=cfg.max_steps, desc="rl steps", unit="step", dynamic_ncols=True) as bar:
 
             def on_step(step: int, metrics: dict[str, float]) -> None:
-                shown = {"reward": metrics.get("reward/all/mean"), "s/step": metrics.get("time/step_s")}
+                shown = {"reward": metrics.get("reward/all/score"), "s/step": metrics.get("time/step_s")}
                 if "val_correct/all/mean" in metrics:
                     shown["val"] = metrics["val_correct/all/mean"]
                 bar.set_postfix({k: f"{v:.3f}" for k, v in shown.items() if v is not None})

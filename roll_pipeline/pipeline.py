@@ -194,10 +194,12 @@ class RLVRPipeline:
         parts, metrics, next_group = [], {}, 0
         n = self.cfg.num_return_sequences_in_group
         for domain, share in self.resolved.domain_shares.items():
-            part = self.schedulers[domain].get_batch(share, n, self.cfg.actor_infer.generating_args, next_group)
+            part, reward_metrics = self.schedulers[domain].get_batch(
+                share, n, self.cfg.actor_infer.generating_args, next_group
+            )
             next_group += share
             parts.append(part)
-            metrics |= rollout_metrics(domain, self._records(part))
+            metrics |= rollout_metrics(domain, self._records(part)) | reward_metrics
         batch = Batch.concat(parts)
         metrics |= rollout_metrics("all", self._records(batch))
         return batch, metrics

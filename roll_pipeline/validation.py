@@ -40,17 +40,19 @@ def validation_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]
 
 
 def rollout_metrics(domain: str, records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Per-domain training-batch metrics: reward mean/std over scored samples, accuracy, masked count, lengths."""
+    """Per-domain training-batch metrics: reward mean (`score`) and std over scored samples, accuracy
+    (`correct`), the masked count, response lengths and the truncation rate. The names match the reward worker's
+    own `domain_metrics`, which adds the mask reasons and the scorer's extra metrics."""
     records = list(records)
     scored = [float(r["score"]) for r in records if not r["masked"]]
     correct = [1.0 if r["correct"] else 0.0 for r in records if not r["masked"]]
     mean = _mean(scored)
     std = (sum((s - mean) ** 2 for s in scored) / len(scored)) ** 0.5 if scored else float("nan")
     return {
-        f"reward/{domain}/mean": mean,
+        f"reward/{domain}/score": mean,
         f"reward/{domain}/std": std,
-        f"reward/{domain}/correct_mean": _mean(correct),
-        f"reward/{domain}/masked_count": float(len(records) - len(scored)),
+        f"reward/{domain}/correct": _mean(correct),
+        f"reward/{domain}/masked": float(len(records) - len(scored)),
         f"response_length/{domain}/mean": _mean([float(r["response_length"]) for r in records]),
         f"response_length/{domain}/truncation_rate": _mean(
             [1.0 if r["finish_reason"] == "length" else 0.0 for r in records]

@@ -71,23 +71,26 @@ class DynamicSamplingScheduler:
         self.reward = reward
         self.sampler = PromptSampler(len(rows), seed=seed + zlib.crc32(domain.encode()))
 
-    def get_batch(self, num_prompts: int, group_size: int, args: GeneratingArgs, first_group_id: int) -> Batch:
-        """`num_prompts` fresh prompts with `group_size` scored responses each; group ids start at `first_group_id`."""
+    def get_batch(
+        self, num_prompts: int, group_size: int, args: GeneratingArgs, first_group_id: int
+    ) -> tuple[Batch, dict[str, float]]:
+        """`num_prompts` fresh prompts with `group_size` scored responses each, group ids from `first_group_id`;
+        and the reward worker's metrics of the batch."""
         indices = self.sampler.take(num_prompts)
-        batch = self.generate_and_score(
+        batch, results = self.generate_and_score(
             [self.rows[i] for i in indices], [self.prompt_ids[i] for i in indices], group_size, args
         )
         group_ids = first_group_id + torch.arange(num_prompts).repeat_interleave(group_size)
-        return batch.update({"group_ids": group_ids})
+        return batch.update({"group_ids": group_ids}), self.reward.call_rank0("domain_metrics", results)
 
     def validate(self, args: GeneratingArgs, max_prompts: int = 0) -> Batch:
         """One response per validation prompt (the first `max_prompts` when it is > 0), scored."""
         n = len(self.val_rows) if max_prompts <= 0 else min(max_prompts, len(self.val_rows))
-        return self.generate_and_score(self.val_rows[:n], self.val_prompt_ids[:n], 1, args)
+        return self.generate_and_score(self.val_rows[:n], self.val_prompt_ids[:n], 1, args)[0]
 
     def generate_and_score(
         self, rows: list[dict[str, Any]], token_lists: list[list[int]], n: int, args: GeneratingArgs
-    ) -> Batch:
+    ) -> tuple[Batch, list[dict[str, Any]]]:
         prompt_ids, prompt_mask = collate_prompts(token_lists, self.tokenizer.pad_token_id)
         prompts = Batch(
             {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask},
@@ -114,11 +117,12 @@ class DynamicSamplingScheduler:
         results = self.reward.dispatch_items("score_batch", samples)
         scores = torch.tensor([r["score"] if not r["masked"] else 0.0 for r in results], dtype=torch.float32)
         sample_mask = torch.tensor([0.0 if r["masked"] else 1.0 for r in results], dtype=torch.float32)
-        return generated.update(
+        scored = generated.update(
             {"scores": scores, "sample_mask": sample_mask},
             response_text=texts,
             correct=[None if r["masked"] else bool(r["correct"]) for r in results],
         )
+        return scored, results
 
     def decode(self, batch: Batch) -> list[str]:
         ids, mask = batch["response_ids"], batch["response_mask"]

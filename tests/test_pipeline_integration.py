@@ -112,7 +112,7 @@ def test_short_run_end_to_end_logs_to_mlflow_and_changes_the_policy(tmp_path, ti
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     (run,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
     assert run.info.status == "FINISHED"
-    rewards = client.get_metric_history(run.info.run_id, "reward/all/mean")
+    rewards = client.get_metric_history(run.info.run_id, "reward/all/score")
     assert sorted(m.step for m in rewards) == [1, 2, 3]
     val = client.get_metric_history(run.info.run_id, "val_correct/all/mean")
     assert sorted(m.step for m in val) == [0, 3]

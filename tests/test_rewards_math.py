@@ -100,8 +100,9 @@ def test_numeric_tolerance(scorer):
     assert not scorer.score("The answer is 0.333", "0.33333333").correct
 
 
-def test_empty_ground_truth_is_not_applicable(scorer):
-    assert scorer.score("57", "  ") is None
+@pytest.mark.parametrize("ground_truth", ["  ", None])
+def test_missing_ground_truth_is_not_applicable(scorer, ground_truth):
+    assert scorer.score("57", ground_truth) is None
 
 
 def test_unknown_option_is_named():

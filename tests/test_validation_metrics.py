@@ -36,10 +36,10 @@ def test_validation_metrics_per_tag_and_overall():
 def test_rollout_metrics():
     records = [rec("math", "add", True), rec("math", "add", False, score=0.0), rec("math", "add", None, score=0.0)]
     m = rollout_metrics("math", records)
-    assert m["reward/math/mean"] == 0.5
+    assert m["reward/math/score"] == 0.5
     assert m["reward/math/std"] == 0.5
-    assert m["reward/math/masked_count"] == 1.0
-    assert m["reward/math/correct_mean"] == 0.5
+    assert m["reward/math/masked"] == 1.0
+    assert m["reward/math/correct"] == 0.5
 
 
 def test_empty_records_give_nan_not_errors():

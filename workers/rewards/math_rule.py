@@ -119,14 +119,11 @@ def answers_match(answer: str, ground_truth: str) -> bool:
 class MathRuleScorer(RewardScorer):
     """1.0 when the response's final answer equals the ground truth, else 0.0.
 
-    Metrics: ``answer_found`` (1.0 when an answer could be extracted at all).
+    Takes no options. Metrics: ``answer_found`` (1.0 when an answer could be extracted at all).
     """
 
-    def __init__(self, **options: object) -> None:
-        super().__init__(**options)
-
     def score(self, response: str, ground_truth: str, **fields: object) -> RewardResult | None:
-        if not str(ground_truth).strip():
+        if ground_truth is None or not str(ground_truth).strip():
             logger.warning("math_rule: empty ground truth, sample not scored (fields: %s)", sorted(fields))
             return None
         answer = extract_answer(response or "")

@@ -1,0 +1,84 @@
+"""Tests for the embedded tiny model builder: loadable like any checkpoint, cached by spec."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from roll_pipeline.models.tiny import BUILD_INFO, build_tiny_model
+
+DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
+TRAIN_FILES = [DATA / "math_train.jsonl", DATA / "code_train.jsonl"]
+# Few steps and a small held-out slice keep each build to seconds; quality is not under test here.
+FAST = {"warmup_steps": 3, "batch_size": 8, "eval_rows_per_file": 2}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TRAIN_FILES, seed=0, **FAST)
+
+
+def test_loads_like_a_checkpoint_and_generates(built):
+    tokenizer = AutoTokenizer.from_pretrained(built)
+    model = AutoModelForCausalLM.from_pretrained(built)
+    assert model.config.model_type == "qwen2"
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    assert model.generation_config.pad_token_id == tokenizer.pad_token_id
+    assert (built / "model.safetensors").exists()
+
+    messages = [{"role": "user", "content": "What is 12 + 45?"}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nWhat is 12 + 45?<|im_end|>\n<|im_start|>assistant\n"
+    tokenizer.padding_side = "left"
+    inputs = tokenizer([text, text.replace("12", "3")], return_tensors="pt", padding=True, add_special_tokens=False)
+    output = model.generate(**inputs, do_sample=False, max_new_tokens=5)
+    assert output.shape[0] == 2
+    assert inputs["input_ids"].shape[1] < output.shape[1] <= inputs["input_ids"].shape[1] + 5
+
+
+def test_tokenizer_splits_digits_and_keeps_specials(built):
+    tokenizer = AutoTokenizer.from_pretrained(built)
+    assert 200 <= len(tokenizer) <= 1024
+    ids = tokenizer("12345", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["1", "2", "3", "4", "5"]
+    assert tokenizer.convert_tokens_to_ids("<|im_start|>") in tokenizer("<|im_start|>user")["input_ids"]
+    source = "def f(x):\n    return x + 7"
+    assert tokenizer.decode(tokenizer(source, add_special_tokens=False)["input_ids"]) == source
+
+
+def test_build_info_records_the_spec(built):
+    info = json.loads((built / BUILD_INFO).read_text())
+    assert info["seed"] == 0
+    assert info["hyperparameters"]["warmup_steps"] == 3
+    assert set(info["train_files"]) == {"math_train.jsonl", "code_train.jsonl"}
+    for key in ("build_seconds", "final_loss", "heldout_greedy_accuracy", "parameters"):
+        assert key in info
+    assert 0.5e6 < info["parameters"] < 2e6
+
+
+def test_same_spec_is_cached_and_new_seed_rebuilds(built):
+    info_path = built / BUILD_INFO
+    first = info_path.stat().st_mtime_ns
+    assert build_tiny_model(built, TRAIN_FILES, seed=0, **FAST) == built
+    assert info_path.stat().st_mtime_ns == first
+
+    build_tiny_model(built, TRAIN_FILES, seed=1, **FAST)
+    assert info_path.stat().st_mtime_ns != first
+    assert json.loads(info_path.read_text())["seed"] == 1
+    assert not [path for path in built.parent.iterdir() if path.name.startswith(".")]
+
+
+def test_same_seed_builds_identical_weights(tmp_path):
+    first = build_tiny_model(tmp_path / "a", TRAIN_FILES, seed=0, **FAST)
+    second = build_tiny_model(tmp_path / "b", TRAIN_FILES, seed=0, **FAST)
+    for a, b in zip(AutoModelForCausalLM.from_pretrained(first).parameters(),
+                    AutoModelForCausalLM.from_pretrained(second).parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_unknown_hyperparameter_is_an_error(tmp_path):
+    with pytest.raises(TypeError, match="hidden_sise"):
+        build_tiny_model(tmp_path / "model", TRAIN_FILES, hidden_sise=64)
