@@ -60,7 +60,7 @@ class TinyModelHyperparameters:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 256
-    warmup_steps: int = 600
+    warmup_steps: int = 500
     batch_size: int = 64
     learning_rate: float = 2e-3
     lr_warmup_steps: int = 50
@@ -148,7 +148,7 @@ def _build(out_dir: Path, hparams: TinyModelHyperparameters, train_files: Sequen
         rng.shuffle(shuffled)
         eval_rows += shuffled[: hparams.eval_rows_per_file]
         train_rows += shuffled[hparams.eval_rows_per_file :]
-    examples = [_encode(tokenizer, row) for row in train_rows]
+    examples = _encode(tokenizer, train_rows)
     final_loss = _warm_up(model, examples, hparams, tokenizer.pad_token_id, rng)
     accuracy = _greedy_exact_match(model, tokenizer, eval_rows)
 
@@ -209,12 +209,14 @@ def _model_config(hparams: TinyModelHyperparameters, tokenizer: PreTrainedTokeni
     )
 
 
-def _encode(tokenizer: PreTrainedTokenizerFast, row: dict) -> tuple[list[int], list[int]]:
-    """Return (prompt ids, response ids + eos), tokenized separately exactly as RL will see them."""
-    prompt_ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True,
-                                               return_dict=False)
-    response_ids = tokenizer(row["ground_truth"], add_special_tokens=False)["input_ids"]
-    return list(prompt_ids), response_ids + [tokenizer.eos_token_id]
+def _encode(tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict]) -> list[tuple[list[int], list[int]]]:
+    """Return (prompt ids, response ids + eos) per row, tokenized separately exactly as RL will see them."""
+    prompts = tokenizer.apply_chat_template([row["messages"] for row in rows], add_generation_prompt=True,
+                                            tokenize=False)
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer([row["ground_truth"] for row in rows], add_special_tokens=False)["input_ids"]
+    return [(prompt, response + [tokenizer.eos_token_id]) for prompt, response in zip(prompt_ids, response_ids,
+                                                                                       strict=True)]
 
 
 def _collate(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -286,7 +288,7 @@ def _greedy_exact_match(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerF
         output = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         responses = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        correct += sum(response.strip() == row["ground_truth"].strip() for response, row in zip(responses, chunk))
+        correct += sum(response.strip() == row["ground_truth"].strip() for response, row in zip(responses, chunk, strict=True))
     tokenizer.padding_side = "right"
     return correct / len(rows)
 
