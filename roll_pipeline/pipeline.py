@@ -41,19 +41,22 @@ def worker_env(torch_threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(torch_threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def init_ray(cfg: PipelineConfig) -> None:
-    """Join the configured (or RAY_ADDRESS) cluster, or start a local one sized for every worker."""
+def init_ray(cfg: PipelineConfig) -> bool:
+    """Join the configured (or RAY_ADDRESS) cluster, or start a local one sized for every worker.
+
+    Returns whether this call connected (False when Ray was already initialised by the caller)."""
     if ray.is_initialized():
-        return
+        return False
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
-        return
+        return True
     sections = [cfg.actor_train, cfg.actor_infer, cfg.reference, cfg.critic]
     needed = sum(s.world_size * s.num_cpus_per_worker for s in sections if s is not None)
     needed += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
     num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
     ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, logging_level=logging.WARNING)
+    return True
 
 
 @dataclasses.dataclass
@@ -78,6 +81,7 @@ class RLVRPipeline:
         self.tracker: MlflowTracker | None = None
         self.history: dict[int, dict[str, float]] = {}
         self.global_step = 0
+        self.owns_ray = False
 
     # ------------------------------------------------------------------------------------------- set-up
 
@@ -95,7 +99,7 @@ class RLVRPipeline:
         for domain, rows in train_rows.items():
             if not rows:
                 raise ValueError(f"rewards.{domain}.tag_included: no training row has one of these tags")
-        init_ray(cfg)
+        self.owns_ray = init_ray(cfg)
 
         def make(name: str, cls: type, section: Any, **kwargs: Any) -> Cluster:
             return Cluster(
@@ -325,6 +329,9 @@ class RLVRPipeline:
                 cluster.shutdown()
         for cluster in getattr(self, "rewards", {}).values():
             cluster.shutdown()
+        if self.owns_ray:
+            ray.shutdown()
+            self.owns_ray = False
 
     # ------------------------------------------------------------------------------------------- helpers
 

@@ -26,67 +26,39 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-# Math tags and how often each is drawn. Operands are small (sums up to 80, times tables to 12) because a
-# two-digit-with-carry task leaves the warmed-up tiny model near 0% greedy accuracy, i.e. without RL signal.
-# Addition and subtraction dominate; multiplication and two-step problems are the harder tail.
-MATH_TAG_WEIGHTS: dict[str, float] = {"add": 0.35, "sub": 0.25, "mul": 0.2, "multi_step": 0.2}
+# Math tags and how often each is drawn. Two-digit addition is what the tiny model learns in its warm-up only
+# part of the way (a sharp transition: a little more warm-up and it solves nearly all of it), which leaves RL a
+# signal to learn from; adding subtraction or multiplication to the mix pushed the transition past a few
+# minutes of warm-up.
+MATH_TAG_WEIGHTS: dict[str, float] = {"add": 1.0}
 
 # Bare-expression prompts; `{expr}` is Python-evaluable, which the tests rely on to check ground truths.
-BARE_MATH_TEMPLATES: tuple[str, ...] = ("What is {expr}?", "Compute {expr}.", "{expr} = ?")
-
-_NAMES = ("Ann", "Ben", "Cara", "Dan", "Eva", "Finn", "Gus", "Lia", "Max", "Zoe")
-
-# Word-problem templates per tag; the numbers are the same operands as the bare expression.
-_WORD_TEMPLATES: dict[str, tuple[str, ...]] = {
-    "add": (
-        "{name} has {a} apples and gets {b} more. How many apples does {name} have now?",
-        "A shelf holds {a} books and {b} more are added. How many books are on the shelf?",
-    ),
-    "sub": (
-        "{name} has {a} coins and spends {b}. How many coins are left?",
-        "A bus carries {a} people and {b} get off. How many people are still on the bus?",
-    ),
-    "mul": (
-        "There are {a} boxes with {b} pens each. How many pens are there in total?",
-        "{name} reads {b} pages a day for {a} days. How many pages does {name} read?",
-    ),
-    "multi_step": (
-        "{name} has {a} cards, gets {b} more, then gives away {c}. How many cards are left?",
-        "A tank holds {a} liters, {b} liters are added and {c} liters are used. How many liters remain?",
-    ),
-}
-
-# Share of math prompts rendered as word problems rather than bare expressions.
-WORD_PROBLEM_SHARE = 0.3
+BARE_MATH_TEMPLATES: tuple[str, ...] = ("What is {expr}?", "{expr} = ?")
 
 
-def _math_operands(tag: str, rng: random.Random) -> tuple[str, int, dict[str, int]]:
-    """Return (expression, answer, operands) for one problem of the given tag."""
+def _math_operands(tag: str, rng: random.Random) -> tuple[str, int]:
+    """Return (expression, answer) for one problem of the given tag."""
     if tag == "add":
-        a, b = rng.randint(1, 40), rng.randint(1, 40)
-        return f"{a} + {b}", a + b, {"a": a, "b": b}
-    if tag == "sub":
-        a = rng.randint(2, 50)
-        b = rng.randint(1, a)
-        return f"{a} - {b}", a - b, {"a": a, "b": b}
-    if tag == "mul":
-        a, b = rng.randint(2, 12), rng.randint(2, 9)
-        return f"{a} * {b}", a * b, {"a": a, "b": b}
-    if tag == "multi_step":
-        a, b = rng.randint(1, 20), rng.randint(1, 20)
-        c = rng.randint(1, a + b)
-        return f"{a} + {b} - {c}", a + b - c, {"a": a, "b": b, "c": c}
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        return f"{a} + {b}", a + b
     raise ValueError(f"unknown math tag {tag!r}")
 
 
 def _math_row(rng: random.Random) -> dict:
     tag = rng.choices(list(MATH_TAG_WEIGHTS), weights=list(MATH_TAG_WEIGHTS.values()))[0]
-    expr, answer, operands = _math_operands(tag, rng)
-    if rng.random() < WORD_PROBLEM_SHARE:
-        prompt = rng.choice(_WORD_TEMPLATES[tag]).format(name=rng.choice(_NAMES), **operands)
-    else:
-        prompt = rng.choice(BARE_MATH_TEMPLATES).format(expr=expr)
+    expr, answer = _math_operands(tag, rng)
+    prompt = rng.choice(BARE_MATH_TEMPLATES).format(expr=expr)
     return _row("math", tag, prompt, str(answer), "")
+
+
+def _math_problem(row: dict) -> str:
+    """The expression behind a math prompt, so that one problem never lands in both train and val."""
+    prompt = row["messages"][0]["content"]
+    for template in BARE_MATH_TEMPLATES:
+        head, tail = template.split("{expr}")
+        if prompt.startswith(head) and prompt.endswith(tail):
+            return prompt[len(head) : len(prompt) - len(tail)]
+    raise ValueError(f"math prompt matches no template: {prompt!r}")
 
 
 @dataclass(frozen=True)
@@ -175,8 +147,18 @@ def _row(domain: str, tag: str, prompt: str, ground_truth: str, test_cases: str)
     }
 
 
-def _unique_rows(make_row: Callable[[random.Random], dict], n: int, seed: int, domain: str) -> list[dict]:
-    """Draw rows until `n` distinct prompts exist; ids are assigned in draw order."""
+def _prompt_text(row: dict) -> str:
+    return row["messages"][0]["content"]
+
+
+def _unique_rows(
+    make_row: Callable[[random.Random], dict],
+    n: int,
+    seed: int,
+    domain: str,
+    key: Callable[[dict], str] = _prompt_text,
+) -> list[dict]:
+    """Draw rows until `n` rows with distinct `key`s exist; ids are assigned in draw order."""
     rng = random.Random(f"{domain}:{seed}")
     rows: list[dict] = []
     seen: set[str] = set()
@@ -186,10 +168,10 @@ def _unique_rows(make_row: Callable[[random.Random], dict], n: int, seed: int, d
         if len(rows) == n:
             break
         row = make_row(rng)
-        prompt = row["messages"][0]["content"]
-        if prompt in seen:
+        identity = key(row)
+        if identity in seen:
             continue
-        seen.add(prompt)
+        seen.add(identity)
         row["id"] = f"{domain}-{len(rows):06d}"
         rows.append(row)
     if len(rows) < n:
@@ -198,8 +180,8 @@ def _unique_rows(make_row: Callable[[random.Random], dict], n: int, seed: int, d
 
 
 def generate_math(n: int, seed: int) -> list[dict]:
-    """Return `n` math rows with distinct prompts, fully determined by `seed`."""
-    return _unique_rows(_math_row, n, seed, "math")
+    """Return `n` math rows with distinct problems (not just prompts), fully determined by `seed`."""
+    return _unique_rows(_math_row, n, seed, "math", key=_math_problem)
 
 
 def generate_code(n: int, seed: int) -> list[dict]:
@@ -227,13 +209,14 @@ def write_example_data(
     seed: int = 0,
     *,
     n_math_train: int = 2400,
-    n_math_val: int = 200,
-    n_code_train: int = 1200,
+    n_math_val: int = 300,
+    n_code_train: int = 600,
     n_code_val: int = 100,
 ) -> dict[str, Path]:
     """Write math/code train/val JSONL files into `out_dir` and return their paths by stem.
 
-    Train and val are disjoint by prompt text because both are slices of one distinct-prompt draw.
+    Train and val are disjoint because both are slices of one draw of distinct prompts (for math, of distinct
+    problems, whatever the template).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

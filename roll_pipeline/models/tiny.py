@@ -60,7 +60,7 @@ class TinyModelHyperparameters:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 256
-    warmup_steps: int = 500
+    warmup_steps: int = 300
     batch_size: int = 64
     learning_rate: float = 2e-3
     lr_warmup_steps: int = 50
