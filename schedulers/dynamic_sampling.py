@@ -13,6 +13,7 @@ from roll_pipeline.batch import Batch
 from roll_pipeline.config import GeneratingArgs
 from roll_pipeline.data.loading import collate_prompts
 from roll_pipeline.distributed.cluster import Cluster
+from workers.rewards.worker import domain_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class DynamicSamplingScheduler:
             [self.rows[i] for i in indices], [self.prompt_ids[i] for i in indices], group_size, args
         )
         group_ids = first_group_id + torch.arange(num_prompts).repeat_interleave(group_size)
-        return batch.update({"group_ids": group_ids}), self.reward.call_rank0("domain_metrics", results)
+        return batch.update({"group_ids": group_ids}), domain_metrics(self.domain, results)
 
     def validate(self, args: GeneratingArgs, max_prompts: int = 0) -> Batch:
         """One response per validation prompt (the first `max_prompts` when it is > 0), scored."""

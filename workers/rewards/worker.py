@@ -180,31 +180,37 @@ class RewardWorker:
         }
 
     def domain_metrics(self, results: list[dict]) -> dict[str, float]:
-        """Aggregate ``score_batch`` results into ``reward/<domain>/...`` metrics.
+        """Aggregate ``score_batch`` results into ``reward/<domain>/...`` metrics (see `domain_metrics`)."""
+        return domain_metrics(self.domain, results)
 
-        ``count``, ``masked`` and ``masked_<reason>`` are counts over all samples; ``score``, ``correct`` (a
-        rate) and the mean of each scorer metric are over unmasked samples only, and absent when there are none.
-        """
-        prefix = f"reward/{self.domain}"
-        scored = [r for r in results if not r["masked"]]
-        metrics: dict[str, float] = {
-            f"{prefix}/count": float(len(results)),
-            f"{prefix}/masked": float(len(results) - len(scored)),
-        }
-        for reason in _MASK_REASONS:
-            metrics[f"{prefix}/masked_{reason}"] = float(
-                sum(1 for r in results if r["masked"] and r.get("mask_reason") == reason)
-            )
-        if scored:
-            metrics[f"{prefix}/score"] = sum(r["score"] for r in scored) / len(scored)
-            metrics[f"{prefix}/correct"] = sum(1.0 for r in scored if r["correct"]) / len(scored)
-        values: dict[str, list[float]] = {}
-        for r in scored:
-            for name, value in r["metrics"].items():
-                values.setdefault(name, []).append(float(value))
-        for name, vals in sorted(values.items()):
-            metrics[f"{prefix}/{name}"] = sum(vals) / len(vals)
-        return metrics
+
+def domain_metrics(domain: str, results: list[dict]) -> dict[str, float]:
+    """Aggregate ``score_batch`` results into ``reward/<domain>/...`` metrics; a pure function, so the caller that
+    holds the results aggregates them where they are instead of sending them back to a worker.
+
+    ``count``, ``masked`` and ``masked_<reason>`` are counts over all samples; ``score``, ``correct`` (a
+    rate) and the mean of each scorer metric are over unmasked samples only, and absent when there are none.
+    """
+    prefix = f"reward/{domain}"
+    scored = [r for r in results if not r["masked"]]
+    metrics: dict[str, float] = {
+        f"{prefix}/count": float(len(results)),
+        f"{prefix}/masked": float(len(results) - len(scored)),
+    }
+    for reason in _MASK_REASONS:
+        metrics[f"{prefix}/masked_{reason}"] = float(
+            sum(1 for r in results if r["masked"] and r.get("mask_reason") == reason)
+        )
+    if scored:
+        metrics[f"{prefix}/score"] = sum(r["score"] for r in scored) / len(scored)
+        metrics[f"{prefix}/correct"] = sum(1.0 for r in scored if r["correct"]) / len(scored)
+    values: dict[str, list[float]] = {}
+    for r in scored:
+        for name, value in r["metrics"].items():
+            values.setdefault(name, []).append(float(value))
+    for name, vals in sorted(values.items()):
+        metrics[f"{prefix}/{name}"] = sum(vals) / len(vals)
+    return metrics
 
 
 def _masked(reason: str) -> dict:
