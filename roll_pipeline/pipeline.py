@@ -25,7 +25,7 @@ from roll_pipeline.data.loading import encode_prompts, load_domain_rows
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
 from roll_pipeline.validation import rollout_metrics, validation_metrics
-from schedulers.dynamic_sampling import DynamicSamplingScheduler
+from schedulers.dynamic_sampling import start_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class RLVRPipeline:
                 raise ValueError(f"rewards.{domain}.tag_included: no training row has one of these tags")
         self.owns_ray = init_ray(cfg)
 
-        def make(name: str, cls: type, section: Any, **kwargs: Any) -> Cluster:
+        def make(name: str, cls: type, section: Any, max_concurrency: int | None = None, **kwargs: Any) -> Cluster:
             return Cluster(
                 name,
                 cls,
@@ -110,13 +110,16 @@ class RLVRPipeline:
                 num_gpus=section.num_gpus_per_worker,
                 worker_kwargs={"pipeline_config": cfg, **kwargs},
                 env_vars=worker_env(section.torch_threads),
+                max_concurrency=max_concurrency,
             )
 
         self.actor_train = make(
             "actor_train", ActorTrainWorker, cfg.actor_train,
             total_optimizer_steps=total_optimizer_steps(cfg, cfg.actor_train),
         )
-        self.actor_infer = make("actor_infer", ActorInferWorker, cfg.actor_infer)
+        self.actor_infer = make(
+            "actor_infer", ActorInferWorker, cfg.actor_infer, max_concurrency=ActorInferWorker.MAX_CONCURRENCY
+        )
         self.reference = make("reference", ReferenceWorker, cfg.reference) if cfg.use_kl_loss else None
         self.critic = (
             make("critic", CriticWorker, cfg.critic, total_optimizer_steps=total_optimizer_steps(cfg, cfg.critic))
@@ -127,17 +130,17 @@ class RLVRPipeline:
         for trained in filter(None, [self.actor_train, self.critic]):
             trained.init_process_group()
         ray.get([ref for c in filter(None, [self.actor_train, self.critic]) for ref in c.call_async("initialize")])
+        self.has_validation = any(val_rows.get(d) for d in cfg.domain_interleave_probs)
         self.schedulers = {
-            domain: DynamicSamplingScheduler(
-                domain=domain,
+            domain: start_scheduler(
+                domain,
                 rows=train_rows[domain],
                 prompt_ids=encode_prompts(self.tokenizer, train_rows[domain], cfg.data),
                 val_rows=val_rows.get(domain, []),
                 val_prompt_ids=encode_prompts(self.tokenizer, val_rows.get(domain, []), cfg.data),
-                tokenizer=self.tokenizer,
-                infer=self.actor_infer,
-                reward=self.rewards[domain],
-                seed=cfg.seed,
+                pipeline_config=cfg,
+                infer_workers=self.actor_infer.workers,
+                reward_workers=self.rewards[domain].workers,
             )
             for domain in cfg.domain_interleave_probs
         }
@@ -194,17 +197,18 @@ class RLVRPipeline:
         return metrics
 
     def rollout(self) -> tuple[Batch, dict[str, float]]:
-        """Each domain's scheduler fills its share of rollout_batch_size prompts, each with a scored group."""
-        parts, metrics, next_group = [], {}, 0
+        """Every domain's scheduler fills its share of rollout_batch_size prompts at the same time, each prompt
+        with a scored group that passed the domain's filters; group ids are then numbered over the whole batch."""
         n = self.cfg.num_return_sequences_in_group
-        for domain, share in self.resolved.domain_shares.items():
-            part, reward_metrics = self.schedulers[domain].get_batch(
-                share, n, self.cfg.actor_infer.generating_args, next_group
-            )
-            next_group += share
+        args = self.cfg.actor_infer.generating_args
+        shares = self.resolved.domain_shares
+        refs = {d: self.schedulers[d].get_batch.remote(share, n, args) for d, share in shares.items()}
+        parts, metrics = [], {}
+        for domain, (part, scheduler_metrics) in zip(refs, ray.get(list(refs.values())), strict=True):
             parts.append(part)
-            metrics |= rollout_metrics(domain, self._records(part)) | reward_metrics
+            metrics |= rollout_metrics(domain, self._records(part)) | scheduler_metrics
         batch = Batch.concat(parts)
+        batch = batch.update({"group_ids": torch.arange(len(batch) // n).repeat_interleave(n)})
         metrics |= rollout_metrics("all", self._records(batch))
         return batch, metrics
 
@@ -254,10 +258,8 @@ class RLVRPipeline:
 
     def validate(self) -> dict[str, float]:
         args = self.cfg.validation.generating_args
-        records = []
-        for scheduler in self.schedulers.values():
-            records += self._records(scheduler.validate(args, self.cfg.validation.max_prompts))
-        return validation_metrics(records)
+        refs = [s.validate.remote(args, self.cfg.validation.max_prompts) for s in self.schedulers.values()]
+        return validation_metrics([r for batch in ray.get(refs) for r in self._records(batch)])
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
         """Train for max_steps; validate at the start, every eval_steps and at the end. Returns a summary."""
@@ -308,7 +310,7 @@ class RLVRPipeline:
         tmp.mkdir(parents=True)
         state = {
             "step": step,
-            "schedulers": {d: s.state_dict() for d, s in self.schedulers.items()},
+            "schedulers": self.scheduler_states(),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
         }
         self.actor_train.call("save_checkpoint", str(tmp / "actor_train"), {"step": step})
@@ -322,7 +324,14 @@ class RLVRPipeline:
         latest_tmp.replace(root / "latest")
         return final
 
+    def scheduler_states(self) -> dict[str, Any]:
+        states = ray.get([s.state_dict.remote() for s in self.schedulers.values()])
+        return dict(zip(self.schedulers, states, strict=True))
+
     def shutdown(self) -> None:
+        for scheduler in getattr(self, "schedulers", {}).values():
+            ray.kill(scheduler)
+        self.schedulers = {}
         for name in ("actor_train", "actor_infer", "reference", "critic"):
             cluster = getattr(self, name, None)
             if cluster is not None:
@@ -336,7 +345,7 @@ class RLVRPipeline:
     # ------------------------------------------------------------------------------------------- helpers
 
     def _has_validation(self) -> bool:
-        return any(s.val_rows for s in self.schedulers.values())
+        return self.has_validation
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         self.history[step] = metrics

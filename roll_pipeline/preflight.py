@@ -82,7 +82,9 @@ def _reward_checks(cfg) -> list[Check]:
         try:
             scorer_cls = get_reward_scorer_cls(reward.worker)
             scorer_cls(**reward.options)
-            out.append(Check(key, True, f"{reward.worker} -> {scorer_cls.__module__}:{scorer_cls.__qualname__}"))
+            filters = [*reward.response_filters, *reward.group_filters]
+            detail = f"{reward.worker} -> {scorer_cls.__module__}:{scorer_cls.__qualname__}"
+            out.append(Check(key, True, detail + (f"; filters: {', '.join(filters)}" if filters else "")))
         except Exception as exc:  # unknown worker, import error, bad option: all user-facing findings
             out.append(Check(key, False, str(exc)))
     return out

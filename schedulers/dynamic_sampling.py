@@ -1,21 +1,43 @@
-"""DynamicSamplingScheduler: one per domain; draws that domain's prompts, has them generated and scored."""
+"""DynamicSamplingScheduler: one Ray actor per domain that fills the domain's share of each step.
+
+It owns the domain's rows and walks them in a seeded shuffled order. For a step it keeps up to
+`dynamic_sampling.max_running_requests` prompts in flight: each prompt goes to actor_infer as one request for its
+whole group, and as soon as that group is generated it goes to the domain's reward worker while other prompts
+are still generating. A scored group passes the response filters (which mask single responses) and the group
+filters (which drop the group; another prompt takes its slot). When `share` groups have passed, the requests
+still in flight are aborted and the batch is returned, groups in the order their prompts were drawn.
+
+A bound stops endless redraws: at most ceil(max_prompts_factor * share) prompts per step. At the bound the
+scheduler either trains on what passed (the empty slots are filled with dropped groups whose samples are masked
+out of the loss, so batch shapes stay fixed; a warning and scheduler/<domain>/bound_hit say so) or raises
+`SamplingBoundError`, as `dynamic_sampling.on_bound` says.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
+import math
+import time
 import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 
 from roll_pipeline.batch import Batch
-from roll_pipeline.config import GeneratingArgs
-from roll_pipeline.data.loading import collate_prompts
-from roll_pipeline.distributed.cluster import Cluster
+from roll_pipeline.config import GeneratingArgs, PipelineConfig
+from schedulers.filters import apply_group_filters, apply_response_filters
 from workers.rewards.worker import domain_metrics
 
 logger = logging.getLogger(__name__)
+
+
+class SamplingBoundError(RuntimeError):
+    """A domain drew its maximum number of prompts in a step and too few groups passed its filters."""
 
 
 class PromptSampler:
@@ -45,9 +67,38 @@ class PromptSampler:
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "size": self.size}
 
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if (state["seed"], state["size"]) != (self.seed, self.size):
+            raise ValueError(
+                f"sampler state is for seed {state['seed']} over {state['size']} rows, "
+                f"not seed {self.seed} over {self.size} rows: the data or the seed changed"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._permutation(self.epoch)
+
+
+@dataclass
+class Group:
+    """One prompt's generated and scored group."""
+
+    index: int
+    """The prompt's row index in the domain's data."""
+    order: int
+    """The draw order within the step: the batch lists kept groups in this order."""
+    output: dict[str, Any]
+    texts: list[str]
+    results: list[dict[str, Any]]
+    generate_s: float
+    reward_s: float
+    rejected: list[str | None] = field(default_factory=list)
+    """Per response: the response filter that masked it, or None."""
+    dropped_by: str | None = None
+
 
 class DynamicSamplingScheduler:
-    """Turns a domain's share of a step into a scored batch: prompts -> actor_infer -> reward cluster."""
+    """The per-domain scheduler actor (asyncio: its calls await actor_infer and the reward workers)."""
+
+    VAL_PROMPTS_PER_REQUEST = 16
 
     def __init__(
         self,
@@ -57,80 +108,297 @@ class DynamicSamplingScheduler:
         prompt_ids: list[list[int]],
         val_rows: list[dict[str, Any]],
         val_prompt_ids: list[list[int]],
-        tokenizer: Any,
-        infer: Cluster,
-        reward: Cluster,
-        seed: int,
+        pipeline_config: PipelineConfig,
+        infer_workers: list[Any],
+        reward_workers: list[Any],
     ) -> None:
+        from workers.strategies.loading import load_tokenizer
+
+        cfg = pipeline_config
+        reward_cfg = cfg.rewards[domain]
         self.domain = domain
-        self.rows = rows
-        self.prompt_ids = prompt_ids
-        self.val_rows = val_rows
-        self.val_prompt_ids = val_prompt_ids
-        self.tokenizer = tokenizer
-        self.infer = infer
-        self.reward = reward
-        self.sampler = PromptSampler(len(rows), seed=seed + zlib.crc32(domain.encode()))
+        self.rows, self.prompt_ids = rows, prompt_ids
+        self.val_rows, self.val_prompt_ids = val_rows, val_prompt_ids
+        self.sampling = cfg.dynamic_sampling
+        self.group_filters = {k: dict(v or {}) for k, v in reward_cfg.group_filters.items()}
+        self.response_filters = {k: dict(v or {}) for k, v in reward_cfg.response_filters.items()}
+        self.tokenizer = load_tokenizer(cfg.actor_infer.model_args)
+        self.infer_workers = infer_workers
+        self.reward_workers = reward_workers
+        self._next_infer = itertools.cycle(range(len(infer_workers)))
+        self._next_reward = itertools.cycle(range(len(reward_workers)))
+        self.sampler = PromptSampler(len(rows), seed=cfg.seed + zlib.crc32(domain.encode()))
+        self.pass_rate = 1.0
+        """Running estimate of the share of groups that pass the filters; sizes the speculative draws."""
+        self._calls = itertools.count()
+        self.bound_hits = 0
 
-    def get_batch(
-        self, num_prompts: int, group_size: int, args: GeneratingArgs, first_group_id: int
+    # ------------------------------------------------------------------------------------------- a step
+
+    async def get_batch(
+        self, num_prompts: int, group_size: int, args: GeneratingArgs
     ) -> tuple[Batch, dict[str, float]]:
-        """`num_prompts` fresh prompts with `group_size` scored responses each, group ids from `first_group_id`;
-        and the reward worker's metrics of the batch."""
-        indices = self.sampler.take(num_prompts)
-        batch, results = self.generate_and_score(
-            [self.rows[i] for i in indices], [self.prompt_ids[i] for i in indices], group_size, args
-        )
-        group_ids = first_group_id + torch.arange(num_prompts).repeat_interleave(group_size)
-        return batch.update({"group_ids": group_ids}), domain_metrics(self.domain, results)
+        """`num_prompts` groups of `group_size` scored responses that passed the filters, and the step's metrics
+        (scheduler/<domain>/... and reward/<domain>/... over every group scored this step)."""
+        start = time.perf_counter()
+        call = next(self._calls)
+        bound = max(num_prompts, math.ceil(self.sampling.max_prompts_factor * num_prompts))
+        kept: list[Group] = []
+        dropped: list[Group] = []
+        # A prompt holds a generation slot only while actor_infer works on it; scoring runs beside new requests.
+        generating: dict[asyncio.Task, tuple[str, int, int, int, float]] = {}
+        scoring: dict[asyncio.Task, None] = {}
+        drawn = peak = 0
 
-    def validate(self, args: GeneratingArgs, max_prompts: int = 0) -> Batch:
-        """One response per validation prompt (the first `max_prompts` when it is > 0), scored."""
-        n = len(self.val_rows) if max_prompts <= 0 else min(max_prompts, len(self.val_rows))
-        return self.generate_and_score(self.val_rows[:n], self.val_prompt_ids[:n], 1, args)[0]
+        def want_more() -> bool:
+            expected = len(kept) + self.pass_rate * (len(generating) + len(scoring))
+            return (
+                len(generating) < self.sampling.max_running_requests and drawn < bound and expected < num_prompts
+            )
 
-    def generate_and_score(
-        self, rows: list[dict[str, Any]], token_lists: list[list[int]], n: int, args: GeneratingArgs
-    ) -> tuple[Batch, list[dict[str, Any]]]:
-        prompt_ids, prompt_mask = collate_prompts(token_lists, self.tokenizer.pad_token_id)
-        prompts = Batch(
-            {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask},
-            {
-                "id": [r.get("id", r["_source"]) for r in rows],
-                "domain": [self.domain] * len(rows),
-                "tag": [r["tag"] for r in rows],
-                "ground_truth": [r.get("ground_truth") for r in rows],
-                "test_cases": [r.get("test_cases") for r in rows],
-            },
+        try:
+            while len(kept) < num_prompts:
+                while want_more():
+                    (index,) = self.sampler.take(1)
+                    worker = next(self._next_infer)
+                    request_id = f"{self.domain}/{call}/{drawn}"
+                    request = self.infer_workers[worker].generate_request.remote(
+                        request_id, [self.prompt_ids[index]], args, group_size
+                    )
+                    generating[asyncio.ensure_future(request)] = (
+                        request_id, worker, index, drawn, time.perf_counter()
+                    )
+                    drawn += 1
+                peak = max(peak, len(generating))
+                if not generating and not scoring:
+                    break  # the bound is reached and every drawn prompt is resolved
+                done, _ = await asyncio.wait([*generating, *scoring], return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task in generating:
+                        request_id, _, index, order, t0 = generating.pop(task)
+                        output = task.result()
+                        if output is None:
+                            raise RuntimeError(f"generation request {request_id} was aborted by someone else")
+                        scoring[asyncio.ensure_future(self._scored_group(index, order, output, t0))] = None
+                    else:
+                        scoring.pop(task)
+                        group = task.result()
+                        (kept if group.dropped_by is None else dropped).append(group)
+                        resolved = len(kept) + len(dropped)
+                        self.pass_rate = max(0.05, (len(kept) + 1) / (resolved + 1))
+        finally:
+            aborted = await self._abort(generating, scoring)
+        # Groups that finished together can overfill the share: the earliest drawn ones go in, and groups drawn
+        # after the last of those are surplus (neither in the batch nor counted as dropped by a filter).
+        kept.sort(key=lambda g: g.order)
+        surplus = kept[num_prompts:]
+        kept = kept[:num_prompts]
+        if len(kept) == num_prompts:
+            last = kept[-1].order
+            surplus += [g for g in dropped if g.order > last]
+            dropped = [g for g in dropped if g.order < last]
+        metrics = self._metrics(kept, dropped, drawn, peak, aborted, bound, num_prompts, time.perf_counter() - start)
+        metrics[f"scheduler/{self.domain}/surplus"] = float(len(surplus))
+        if len(kept) < num_prompts:
+            message = (
+                f"domain {self.domain!r}: only {len(kept)} of {num_prompts} groups passed the filters "
+                f"{list(self.group_filters)} after drawing {drawn} prompts (the bound: "
+                f"dynamic_sampling.max_prompts_factor={self.sampling.max_prompts_factor:g})"
+            )
+            if self.sampling.on_bound == "error":
+                raise SamplingBoundError(message)
+            self.bound_hits += 1
+            if self.bound_hits == 1 or self.bound_hits % 50 == 0:  # the metric counts every hit; the log samples
+                logger.warning(
+                    "%s; training on the groups that passed, the rest masked out (bound hit %d time(s) so far; "
+                    "see scheduler/%s/bound_hit)",
+                    message, self.bound_hits, self.domain,
+                )
+            filler = sorted(dropped, key=lambda g: g.order)[: num_prompts - len(kept)]
+        else:
+            filler = []
+        batch = Batch.concat(
+            [self._group_batch(g, group_size) for g in kept]
+            + [self._group_batch(g, group_size, masked=True) for g in filler]
         )
-        generated = Batch.concat(self.infer.dispatch("generate", prompts, args, n))
-        texts = self.decode(generated)
+        return batch, metrics
+
+    async def _scored_group(self, index: int, order: int, output: dict[str, Any], t0: float) -> Group:
+        t1 = time.perf_counter()
+        texts = self._decode(output)
+        results = await self._score([self.rows[index]] * len(texts), texts)
+        group = Group(index, order, output, texts, results, generate_s=t1 - t0, reward_s=time.perf_counter() - t1)
+        records = self._records(group)
+        group.rejected = apply_response_filters(records, self.response_filters)
+        survivors = [r for r, why in zip(records, group.rejected, strict=True) if why is None]
+        if self.response_filters and not survivors:
+            group.dropped_by = "response_filters"
+        else:
+            group.dropped_by = apply_group_filters(survivors, self.group_filters)
+        return group
+
+    async def _score(self, rows: list[dict[str, Any]], texts: list[str]) -> list[dict[str, Any]]:
         samples = [
             {
                 "response": text,
-                "ground_truth": generated.meta["ground_truth"][i],
-                "test_cases": generated.meta["test_cases"][i],
-                "tag": generated.meta["tag"][i],
-                "id": generated.meta["id"][i],
+                "ground_truth": row.get("ground_truth"),
+                "test_cases": row.get("test_cases"),
+                "tag": row["tag"],
+                "id": row.get("id", row.get("_source")),
             }
-            for i, text in enumerate(texts)
+            for row, text in zip(rows, texts, strict=True)
         ]
-        results = self.reward.dispatch_items("score_batch", samples)
-        scores = torch.tensor([r["score"] if not r["masked"] else 0.0 for r in results], dtype=torch.float32)
-        sample_mask = torch.tensor([0.0 if r["masked"] else 1.0 for r in results], dtype=torch.float32)
-        scored = generated.update(
-            {"scores": scores, "sample_mask": sample_mask},
-            response_text=texts,
-            correct=[None if r["masked"] else bool(r["correct"]) for r in results],
-        )
-        return scored, results
+        return await self.reward_workers[next(self._next_reward)].score_batch.remote(samples)
 
-    def decode(self, batch: Batch) -> list[str]:
-        ids, mask = batch["response_ids"], batch["response_mask"]
+    async def _abort(self, generating: dict[asyncio.Task, tuple], scoring: dict[asyncio.Task, None]) -> int:
+        """Abort what is still in flight: generation requests on actor_infer, and groups being scored (their
+        results are dropped). Returns the number of prompts aborted."""
+        by_worker: dict[int, list[str]] = {}
+        for request_id, worker, *_ in generating.values():
+            by_worker.setdefault(worker, []).append(request_id)
+        for task in [*generating, *scoring]:
+            task.cancel()
+        await asyncio.gather(*(self.infer_workers[w].abort.remote(ids) for w, ids in by_worker.items()))
+        await asyncio.gather(*generating, *scoring, return_exceptions=True)
+        return len(generating) + len(scoring)
+
+    # ------------------------------------------------------------------------------------------- validation
+
+    async def validate(self, args: GeneratingArgs, max_prompts: int = 0) -> Batch:
+        """One response per validation prompt (the first `max_prompts` when it is > 0), scored; no filters.
+
+        The prompts go out at once in requests of a few prompts each; actor_infer batches them."""
+        n = len(self.val_rows) if max_prompts <= 0 else min(max_prompts, len(self.val_rows))
+        call = next(self._calls)
+        step = self.VAL_PROMPTS_PER_REQUEST
+
+        async def one(start: int) -> list[Batch]:
+            worker = self.infer_workers[next(self._next_infer)]
+            ids = self.val_prompt_ids[start : start + step]
+            rows = self.val_rows[start : start + step]
+            output = await worker.generate_request.remote(f"{self.domain}/val{call}/{start}", ids, args, 1)
+            texts = self._decode(output)
+            results = await self._score(rows, texts)
+            parts = []
+            for k, row in enumerate(rows):
+                single = {
+                    "response_ids": output["response_ids"][k : k + 1],
+                    "response_mask": output["response_mask"][k : k + 1],
+                    "finish_reason": output["finish_reason"][k : k + 1],
+                }
+                parts.append(self._batch(row, ids[k], single, [texts[k]], results[k : k + 1], [None]))
+            return parts
+
+        chunks = await asyncio.gather(*(one(s) for s in range(0, n, step)))
+        return Batch.concat([b for parts in chunks for b in parts])
+
+    # ------------------------------------------------------------------------------------------- helpers
+
+    def _decode(self, output: dict[str, Any]) -> list[str]:
+        ids, mask = output["response_ids"], output["response_mask"]
         return [
             self.tokenizer.decode(row[m > 0].tolist(), skip_special_tokens=True)
             for row, m in zip(ids, mask, strict=True)
         ]
 
+    @staticmethod
+    def _records(group: Group) -> list[dict[str, Any]]:
+        lengths = group.output["response_mask"].sum(-1).long().tolist()
+        return [
+            {
+                "score": None if r["masked"] else r["score"],
+                "correct": r["correct"],
+                "response_length": lengths[i],
+                "finish_reason": group.output["finish_reason"][i],
+            }
+            for i, r in enumerate(group.results)
+        ]
+
+    def _group_batch(self, group: Group, n: int, masked: bool = False) -> Batch:
+        rejected = [True] * n if masked else [why is not None for why in group.rejected]
+        return self._batch(
+            self.rows[group.index], self.prompt_ids[group.index], group.output, group.texts, group.results, rejected
+        )
+
+    def _batch(
+        self,
+        row: dict[str, Any],
+        prompt: list[int],
+        output: dict[str, Any],
+        texts: list[str],
+        results: list[dict[str, Any]],
+        rejected: list[bool | None],
+    ) -> Batch:
+        n = len(texts)
+        prompt_ids = torch.tensor([prompt] * n, dtype=torch.long)
+        scores = torch.tensor([0.0 if r["masked"] else r["score"] for r in results], dtype=torch.float32)
+        sample_mask = torch.tensor(
+            [0.0 if (r["masked"] or bool(rej)) else 1.0 for r, rej in zip(results, rejected, strict=True)],
+            dtype=torch.float32,
+        )
+        return Batch(
+            {
+                "prompt_ids": prompt_ids,
+                "prompt_mask": torch.ones_like(prompt_ids),
+                "response_ids": output["response_ids"],
+                "response_mask": output["response_mask"],
+                "scores": scores,
+                "sample_mask": sample_mask,
+            },
+            {
+                "id": [row.get("id", row.get("_source"))] * n,
+                "domain": [self.domain] * n,
+                "tag": [row["tag"]] * n,
+                "ground_truth": [row.get("ground_truth")] * n,
+                "test_cases": [row.get("test_cases")] * n,
+                "finish_reason": list(output["finish_reason"]),
+                "response_text": list(texts),
+                "correct": [None if r["masked"] else bool(r["correct"]) for r in results],
+            },
+        )
+
+    def _metrics(
+        self,
+        kept: list[Group],
+        dropped: list[Group],
+        drawn: int,
+        peak: int,
+        aborted: int,
+        bound: int,
+        share: int,
+        wall_s: float,
+    ) -> dict[str, float]:
+        p = f"scheduler/{self.domain}"
+        scored = kept + dropped
+        metrics = {
+            f"{p}/prompts_drawn": float(drawn),
+            f"{p}/groups_kept": float(len(kept)),
+            f"{p}/groups_dropped": float(len(dropped)),
+            f"{p}/redraws": float(max(0, drawn - share)),
+            f"{p}/aborted": float(aborted),
+            f"{p}/peak_in_flight": float(peak),
+            f"{p}/bound": float(bound),
+            f"{p}/bound_hit": float(len(kept) < share),
+            f"{p}/generate_s": sum(g.generate_s for g in scored),
+            f"{p}/reward_s": sum(g.reward_s for g in scored),
+            f"{p}/wall_s": wall_s,
+            f"{p}/responses_masked_by_filters": float(sum(1 for g in kept for w in g.rejected if w is not None)),
+        }
+        for name in [*self.group_filters, "response_filters"]:
+            metrics[f"{p}/dropped_{name}"] = float(sum(1 for g in dropped if g.dropped_by == name))
+        scores = [r["score"] for g in scored for r in g.results if not r["masked"]]
+        if scores:
+            metrics[f"{p}/reward_mean"] = sum(scores) / len(scores)
+        return metrics | domain_metrics(self.domain, [r for g in scored for r in g.results])
+
     def state_dict(self) -> dict[str, Any]:
-        return {"domain": self.domain, "sampler": self.sampler.state_dict()}
+        return {"domain": self.domain, "sampler": self.sampler.state_dict(), "pass_rate": self.pass_rate}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.pass_rate = state.get("pass_rate", 1.0)
+
+
+def start_scheduler(domain: str, **kwargs: Any):
+    """The domain's scheduler as a Ray actor (asyncio; it needs no CPU of its own: it mostly waits)."""
+    return ray.remote(DynamicSamplingScheduler).options(num_cpus=0, name=None).remote(domain=domain, **kwargs)

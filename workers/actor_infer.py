@@ -1,12 +1,22 @@
-"""actor_infer: generates responses with the current policy weights."""
+"""actor_infer: generates responses with the current policy weights.
+
+It serves many concurrent requests (every domain's scheduler sends its prompts one group at a time), so the
+pipeline runs it as a threaded Ray actor (`ActorInferWorker.MAX_CONCURRENCY` calls at once); a
+`RequestBatcher` joins the waiting requests into batches for the generation strategy.
+"""
 
 from __future__ import annotations
+
+import itertools
+from typing import Any
 
 import torch
 
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import GeneratingArgs, PipelineConfig
+from roll_pipeline.data.loading import collate_prompts
 from workers.base import Worker
+from workers.request_batcher import Request, RequestBatcher
 
 
 def make_infer_strategy(pipeline_config: PipelineConfig):
@@ -23,21 +33,64 @@ def make_infer_strategy(pipeline_config: PipelineConfig):
 
 
 class ActorInferWorker(Worker):
+    MAX_CONCURRENCY = 256
+    """Ray calls served at once: every in-flight request blocks one of these threads until its batch is done."""
+
     def __init__(self, *, pipeline_config: PipelineConfig, **kwargs) -> None:
         section = pipeline_config.actor_infer
         super().__init__(seed=pipeline_config.seed + 1000, torch_threads=section.torch_threads, **kwargs)
         self.strategy = make_infer_strategy(pipeline_config)
+        self.pad_id = self.strategy.pad_id
+        self.batcher = RequestBatcher(self._run_batch, max_sequences=section.infer_batch_size, name="actor_infer")
+        self._ids = itertools.count()
+
+    def generate_request(
+        self, request_id: str, prompts: list[list[int]], args: GeneratingArgs, num_return_sequences: int
+    ) -> dict[str, Any] | None:
+        """Responses for a few prompts (token lists), `num_return_sequences` each, rows grouped by prompt:
+        ``{"response_ids", "response_mask", "finish_reason"}``; None if the request was aborted."""
+        request = Request(request_id, prompts, num_return_sequences, key=(args, num_return_sequences), payload=args)
+        return self.batcher.submit(request).result()
+
+    def abort(self, request_ids: list[str]) -> int:
+        """Abort requests still pending or running here; their callers get None. Returns how many were live."""
+        return self.batcher.abort(request_ids)
 
     def generate(self, batch: Batch, args: GeneratingArgs, num_return_sequences: int) -> Batch:
         """Responses for every prompt in `batch`, `num_return_sequences` each, rows grouped by prompt."""
         batch.require("prompt_ids", "prompt_mask", where="actor_infer.generate")
-        out = self.strategy.generate(batch["prompt_ids"], batch["prompt_mask"], args, num_return_sequences)
+        prompts = [row[m > 0].tolist() for row, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)]
+        out = self.generate_request(f"batch-{next(self._ids)}", prompts, args, num_return_sequences)
         repeat = torch.arange(len(batch)).repeat_interleave(num_return_sequences)
-        expanded = batch.select(repeat)
-        return expanded.update(
+        return batch.select(repeat).update(
             {"response_ids": out["response_ids"], "response_mask": out["response_mask"]},
             finish_reason=out["finish_reason"],
         )
 
+    def batch_sizes(self) -> list[int]:
+        """Sequences in each batch run so far (to see how requests were joined)."""
+        return list(self.batcher.sizes)
+
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.strategy.load_state_dict(state_dict)
+        with self.batcher.generation_lock:
+            self.strategy.load_state_dict(state_dict)
+
+    def _run_batch(self, requests: list[Request], is_aborted) -> list[dict[str, Any]]:
+        args: GeneratingArgs = requests[0].payload
+        n = requests[0].num_return_sequences
+        owner = [i for i, r in enumerate(requests) for _ in r.prompts]
+        prompt_ids, prompt_mask = collate_prompts([p for r in requests for p in r.prompts], self.pad_id)
+        out = self.strategy.generate(prompt_ids, prompt_mask, args, n, is_aborted=lambda p: is_aborted(owner[p]))
+        results, row = [], 0
+        for request in requests:
+            rows = slice(row, row + request.sequences)
+            row += request.sequences
+            results.append(
+                {
+                    # clone: a slice would carry the whole batch's storage through Ray's serialiser
+                    "response_ids": out["response_ids"][rows].clone(),
+                    "response_mask": out["response_mask"][rows].clone(),
+                    "finish_reason": out["finish_reason"][rows],
+                }
+            )
+        return results

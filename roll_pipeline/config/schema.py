@@ -160,8 +160,21 @@ class RewardConfig:
     timeout_s: float = 30.0
     """Per-sample scoring time limit; a sample that runs past it is masked, never scored 0."""
     num_threads: int = 2
+    group_filters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    """Dynamic sampling: named group filters (schedulers/filters.py) with their parameters, applied in order; a
+    dropped group's slot goes to a fresh prompt. `{std_filter: {}}` is DAPO's rule (drop groups whose rewards
+    are all equal); `{mean_filter: {low: 0.1, high: 0.9}}` drops too-easy and too-hard prompts."""
+    response_filters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    """Named response filters: a rejected response stays in its group but leaves the loss (sample_mask 0);
+    `{truncated: {}}` masks responses cut off by max_new_tokens (DAPO's overlong filtering)."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
+        from schedulers.filters import GROUP_FILTERS, RESPONSE_FILTERS, check_filters
+
+        for key, message in check_filters(GROUP_FILTERS, self.group_filters):
+            yield f"group_filters.{key}", message
+        for key, message in check_filters(RESPONSE_FILTERS, self.response_filters):
+            yield f"response_filters.{key}", message
         if not self.tag_included:
             yield "tag_included", "must list at least one tag"
         if self.world_size < 1:
@@ -197,6 +210,28 @@ class ValidationConfig:
     """Validate once before the first step, so the run reports where it started."""
     max_prompts: int = 0
     """Use at most this many validation prompts per domain (the first ones); 0 means all."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamicSamplingConfig:
+    """How each domain's scheduler fills its share of a step (the filters themselves are per domain, under
+    rewards.<domain>.group_filters and response_filters)."""
+
+    max_running_requests: int = 8
+    """Prompts in flight at once per domain, each one request for its whole group; validation sends all of its
+    prompts at once."""
+    max_prompts_factor: float = 4.0
+    """The redraw bound: a domain draws at most ceil(max_prompts_factor * share) prompts in a step."""
+    on_bound: Literal["train_on_passed", "error"] = "train_on_passed"
+    """At the bound with too few groups passed: `train_on_passed` fills the empty slots with dropped groups whose
+    samples are masked out of the loss, logs a warning and scheduler/<domain>/bound_hit = 1; `error` stops the
+    run with an error naming the domain and its filters."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.max_running_requests < 1:
+            yield "max_running_requests", "must be >= 1"
+        if self.max_prompts_factor < 1:
+            yield "max_prompts_factor", f"must be >= 1 (a domain must be able to draw its share), got {self.max_prompts_factor}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,6 +296,7 @@ class PipelineConfig:
     critic: CriticConfig | None = None
     """Required when adv_estimator is gae."""
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 

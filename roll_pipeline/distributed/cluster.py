@@ -15,7 +15,8 @@ logger = logging.getLogger(__name__)
 
 class Cluster:
     """`world_size` Ray actors of `worker_cls`; rank r gets `worker_kwargs` plus, with `pass_rank`, its name,
-    rank and the world size (workers that need no process group, such as reward workers, do without)."""
+    rank and the world size (workers that need no process group, such as reward workers, do without).
+    `max_concurrency` > 1 makes each a threaded actor that serves that many calls at once."""
 
     def __init__(
         self,
@@ -28,6 +29,7 @@ class Cluster:
         worker_kwargs: dict[str, Any],
         env_vars: dict[str, str] | None = None,
         pass_rank: bool = True,
+        max_concurrency: int | None = None,
     ) -> None:
         self.name = name
         self.world_size = world_size
@@ -35,6 +37,8 @@ class Cluster:
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
         if env_vars:
             options["runtime_env"] = {"env_vars": env_vars}
+        if max_concurrency:
+            options["max_concurrency"] = max_concurrency
         self.workers = [
             remote_cls.options(**options).remote(
                 **({"name": name, "rank": rank, "world_size": world_size} if pass_rank else {}), **worker_kwargs

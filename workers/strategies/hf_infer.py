@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from roll_pipeline.config import ClusterConfig, GeneratingArgs
 from roll_pipeline.models.forward import batched_log_probs
@@ -22,6 +24,19 @@ def truncate_at_eos(responses: torch.Tensor, eos_ids: list[int], pad_id: int) ->
     cleaned = torch.where(seen_before, torch.full_like(responses, pad_id), responses)
     finish = ["stop" if bool(row.any()) else "length" for row in is_eos]
     return cleaned, mask, finish
+
+
+class _AbortedRows(StoppingCriteria):
+    """Stops the rows whose prompt was aborted: row r of a chunk belongs to prompt `first + r // n`."""
+
+    def __init__(self, is_aborted: Callable[[int], bool], first: int, n: int) -> None:
+        self.is_aborted, self.first, self.n = is_aborted, first, n
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        rows = input_ids.shape[0]
+        return torch.tensor(
+            [self.is_aborted(self.first + r // self.n) for r in range(rows)], dtype=torch.bool, device=input_ids.device
+        )
 
 
 class HFInferStrategy:
@@ -45,16 +60,29 @@ class HFInferStrategy:
 
     @torch.no_grad()
     def generate(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, args: GeneratingArgs, num_return_sequences: int
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        args: GeneratingArgs,
+        num_return_sequences: int,
+        is_aborted: Callable[[int], bool] | None = None,
     ) -> dict[str, object]:
-        """Sample `num_return_sequences` responses per prompt; rows come out grouped by prompt (i * n + j)."""
+        """Sample `num_return_sequences` responses per prompt; rows come out grouped by prompt (i * n + j).
+
+        `is_aborted(prompt_index)`, checked after every token, stops that prompt's rows early (their output is
+        then unfinished and the caller discards it)."""
         gen_cfg = self.generation_config(args, num_return_sequences)
         prompts_per_call = max(1, self.config.infer_batch_size // num_return_sequences)
         outs = []
         for start in range(0, prompt_ids.shape[0], prompts_per_call):
             ids = prompt_ids[start : start + prompts_per_call]
             mask = prompt_mask[start : start + prompts_per_call]
-            seqs = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+            stopping = None
+            if is_aborted is not None:
+                stopping = StoppingCriteriaList([_AbortedRows(is_aborted, start, num_return_sequences)])
+            seqs = self.model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=gen_cfg, stopping_criteria=stopping
+            )
             outs.append(seqs[:, ids.shape[1] :])
         width = max(o.shape[1] for o in outs)
         responses = torch.cat(

@@ -1,0 +1,295 @@
+"""The per-domain scheduler actor on a real local Ray cluster: exact filter counts with scripted responses and a
+rule reward, the redraw bound, aborts, data order, and the overlap of generation with reward."""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import pytest
+import ray
+import torch
+from transformers import AutoTokenizer
+
+from roll_pipeline.config import GeneratingArgs, load_config
+from roll_pipeline.data.loading import encode_prompts
+from roll_pipeline.distributed.cluster import Cluster
+from schedulers.dynamic_sampling import PromptSampler, SamplingBoundError, start_scheduler
+from tests.conftest import EXAMPLES, TINY_MODEL
+from workers.rewards.base import RewardResult, RewardScorer
+from workers.rewards.worker import RewardWorker
+
+N = 4
+#: Scripted responses per prompt pattern; math_rule with ground truth "1" scores "1" as 1 and "0" as 0.
+PATTERNS = {
+    "same1": ["1", "1", "1", "1"],  # all equal: std_filter drops it
+    "same0": ["0", "0", "0", "0"],  # all equal: std_filter drops it
+    "half": ["1", "0", "1", "0"],  # mean 0.5: kept
+    "low": ["1", "0", "0", "0"],  # mean 0.25: mean_filter(low=0.3) drops it
+    "cut": ["1", "0", "1", "0"],  # the first two are truncated: the truncated response filter masks them
+}
+
+
+class ScriptedInfer:
+    """Stands in for actor_infer: answers a prompt by the pattern word in it, and records every request and
+    abort (the scheduler's logic is under test here, not generation). The k-th request of a step takes
+    `delay_s * (1 + k % 8)`, so requests sent together finish one after another."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.tok = AutoTokenizer.from_pretrained(str(TINY_MODEL))
+        self.delay_s = delay_s
+        self.requests: list[str] = []
+        self.aborted: list[str] = []
+
+    def generate_request(self, request_id, prompts, args, n):
+        self.requests.append(request_id)
+        k = int(request_id.rsplit("/", 1)[1])
+        deadline = time.monotonic() + self.delay_s * (1 + k % 8)
+        while time.monotonic() < deadline:
+            if request_id in self.aborted:
+                return None
+            time.sleep(0.005)
+        rows, finish = [], []
+        for prompt in prompts:
+            text = self.tok.decode(prompt)
+            pattern = next(p for p in PATTERNS if p in text)
+            for j, answer in enumerate(PATTERNS[pattern][:n]):
+                rows.append(self.tok.encode(answer, add_special_tokens=False) + [self.tok.eos_token_id])
+                finish.append("length" if pattern == "cut" and j < 2 else "stop")
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [self.tok.pad_token_id] * (width - len(r)) for r in rows])
+        mask = torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows])
+        return {"response_ids": ids, "response_mask": mask, "finish_reason": finish}
+
+    def abort(self, request_ids):
+        self.aborted.extend(request_ids)
+        return len(request_ids)
+
+    def log(self):
+        return self.requests, self.aborted
+
+
+class SleepyScorer(RewardScorer):
+    """Takes `sleep_s` per sample, then scores like math_rule would on "1"."""
+
+    def __init__(self, sleep_s: float = 0.0, **options):
+        super().__init__(**options)
+        self.sleep_s = sleep_s
+
+    def score(self, response, ground_truth, **fields):
+        time.sleep(self.sleep_s)
+        return RewardResult(score=float(response.strip().endswith("1")), correct=response.strip().endswith("1"))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def config(overrides=(), group_filters="{}", response_filters="{}"):
+    return load_config(
+        EXAMPLES / "math_code.yaml",
+        [
+            f"num_return_sequences_in_group={N}",
+            "actor_train.training_args.gradient_accumulation_steps=1",
+            f"rewards.math.group_filters={group_filters}",
+            f"rewards.math.response_filters={response_filters}",
+            *overrides,
+        ],
+    ).config
+
+
+def rows_of(patterns):
+    return [
+        {"id": f"r{i}", "tag": "add", "ground_truth": "1", "test_cases": "",
+         "messages": [{"role": "user", "content": f"{p} {i}"}]}
+        for i, p in enumerate(patterns)
+    ]
+
+
+def scheduler(cfg, rows, infer, reward_spec="math_rule", reward_options=None, val_rows=()):
+    tok = AutoTokenizer.from_pretrained(str(TINY_MODEL))
+    reward = Cluster(
+        "reward_math", RewardWorker, world_size=1, num_cpus=0, num_gpus=0, pass_rank=False,
+        worker_kwargs={"domain": "math", "worker_spec": reward_spec, "options": reward_options or {},
+                       "timeout_s": 30.0, "num_threads": 1},
+    )
+    actor = start_scheduler(
+        "math",
+        rows=rows,
+        prompt_ids=encode_prompts(tok, rows, cfg.data),
+        val_rows=list(val_rows),
+        val_prompt_ids=encode_prompts(tok, list(val_rows), cfg.data),
+        pipeline_config=cfg,
+        infer_workers=infer,
+        reward_workers=reward.workers,
+    )
+    return actor, reward
+
+
+def scripted(delay_s=0.0, concurrency=64):
+    return [ray.remote(ScriptedInfer).options(num_cpus=0, max_concurrency=concurrency).remote(delay_s)]
+
+
+def draw_order(cfg, n_rows, k):
+    return PromptSampler(n_rows, seed=cfg.seed + zlib.crc32(b"math")).take(k)
+
+
+ARGS = GeneratingArgs(max_new_tokens=4)
+
+
+@pytest.mark.slow
+def test_filter_counts_and_batch_composition_are_exact(local_ray):
+    patterns = ["same1", "same0", "half", "low", "cut"] * 4
+    cfg = config(
+        ["dynamic_sampling.max_running_requests=1"],
+        group_filters="{std_filter: {}, mean_filter: {low: 0.3, high: 1.0}}",
+        response_filters="{truncated: {}}",
+    )
+    rows = rows_of(patterns)
+    actor, _ = scheduler(cfg, rows, scripted())
+    share = 5
+    batch, m = ray.get(actor.get_batch.remote(share, N, ARGS))
+
+    # One prompt in flight at a time, so the scheduler resolves prompts exactly in its seeded draw order.
+    order = draw_order(cfg, len(rows), 40)
+    kept, dropped = [], {"std_filter": 0, "mean_filter": 0}
+    for i in order:
+        p = patterns[i]
+        if p in ("same1", "same0"):
+            dropped["std_filter"] += 1
+        elif p == "low":
+            dropped["mean_filter"] += 1
+        else:
+            kept.append(i)
+        if len(kept) == share:
+            break
+    resolved = len(kept) + sum(dropped.values())
+    # Prompts drawn while the last group was being scored are aborted or, if they finished, surplus.
+    extra = m["scheduler/math/aborted"] + m["scheduler/math/surplus"]
+    assert m["scheduler/math/prompts_drawn"] == resolved + extra
+    assert extra <= 1
+    assert m["scheduler/math/groups_kept"] == share
+    assert m["scheduler/math/dropped_std_filter"] == dropped["std_filter"]
+    assert m["scheduler/math/dropped_mean_filter"] == dropped["mean_filter"]
+    assert m["scheduler/math/dropped_response_filters"] == 0
+    assert m["scheduler/math/bound_hit"] == 0
+    assert m["scheduler/math/peak_in_flight"] == 1
+
+    # The batch: the kept groups in draw order, N responses each; truncated responses masked out of the loss.
+    assert len(batch) == share * N
+    assert batch.meta["id"][::N] == [f"r{i}" for i in kept]
+    expected_scores = [float(a == "1") for i in kept for a in PATTERNS[patterns[i]]]
+    assert batch["scores"].tolist() == expected_scores
+    expected_mask = [0.0 if patterns[i] == "cut" and j < 2 else 1.0 for i in kept for j in range(N)]
+    assert batch["sample_mask"].tolist() == expected_mask
+    assert m["scheduler/math/responses_masked_by_filters"] == expected_mask.count(0.0)
+
+    # The next step continues the same seeded order where this one stopped.
+    _, m2 = ray.get(actor.get_batch.remote(1, N, ARGS))
+    state = ray.get(actor.state_dict.remote())
+    assert state["sampler"]["position"] == m["scheduler/math/prompts_drawn"] + m2["scheduler/math/prompts_drawn"]
+
+
+@pytest.mark.slow
+def test_no_filters_means_exactly_the_share_is_drawn(local_ray):
+    cfg = config()
+    actor, _ = scheduler(cfg, rows_of(["same1", "half"] * 5), scripted())
+    batch, m = ray.get(actor.get_batch.remote(6, N, ARGS))
+    assert len(batch) == 6 * N
+    assert m["scheduler/math/prompts_drawn"] == 6 and m["scheduler/math/groups_dropped"] == 0
+    assert m["scheduler/math/redraws"] == 0
+
+
+@pytest.mark.slow
+def test_redraw_bound_trains_on_what_passed(local_ray):
+    cfg = config(["dynamic_sampling.max_prompts_factor=2.5"], group_filters="{std_filter: {}}")
+    patterns = ["same1"] * 9 + ["half"]
+    actor, _ = scheduler(cfg, rows_of(patterns), scripted())
+    batch, m = ray.get(actor.get_batch.remote(4, N, ARGS))
+    assert m["scheduler/math/bound"] == 10 and m["scheduler/math/prompts_drawn"] == 10
+    assert m["scheduler/math/bound_hit"] == 1
+    assert m["scheduler/math/groups_kept"] == 1 and m["scheduler/math/dropped_std_filter"] == 9
+    # The batch keeps its shape: the one group that passed, then dropped groups masked out of the loss.
+    assert len(batch) == 4 * N
+    assert batch["sample_mask"].tolist() == [1.0] * N + [0.0] * (3 * N)
+    assert batch.meta["id"][0].startswith("r9")
+
+
+@pytest.mark.slow
+def test_redraw_bound_can_stop_the_run(local_ray):
+    cfg = config(["dynamic_sampling.max_prompts_factor=2", "dynamic_sampling.on_bound=error"],
+                 group_filters="{std_filter: {}}")
+    actor, _ = scheduler(cfg, rows_of(["same0"] * 6), scripted())
+    with pytest.raises(SamplingBoundError, match=r"domain 'math': only 0 of 3 groups passed the filters \['std_filter'\]"):
+        ray.get(actor.get_batch.remote(3, N, ARGS))
+
+
+@pytest.mark.slow
+def test_in_flight_requests_are_aborted_when_the_batch_is_full(local_ray):
+    cfg = config(["dynamic_sampling.max_running_requests=6"], group_filters="{std_filter: {}}")
+    infer = scripted(delay_s=0.1)
+    actor, _ = scheduler(cfg, rows_of(["half", "same1"] * 10), infer)
+    # The first step's pass-rate estimate is 1: it sends the share; the misses teach it to send more.
+    ray.get(actor.get_batch.remote(2, N, ARGS))
+    batch, m = ray.get(actor.get_batch.remote(2, N, ARGS))
+    requests, aborted = ray.get(infer[0].log.remote())
+    assert m["scheduler/math/aborted"] > 0
+    assert m["scheduler/math/peak_in_flight"] > 2
+    step_requests = [r for r in requests if r.startswith("math/1/")]
+    assert len(step_requests) == m["scheduler/math/prompts_drawn"]
+    assert len([r for r in aborted if r.startswith("math/1/")]) == m["scheduler/math/aborted"]
+    assert len(batch) == 2 * N and batch["sample_mask"].sum() == 2 * N
+
+
+@pytest.mark.slow
+def test_generation_and_reward_overlap(local_ray, tiny_model):
+    """Real actor_infer on the tiny model, a reward that sleeps a known time per sample. The overlapped step must
+    take clearly less than generation and reward one after the other, both measured here."""
+    from workers.actor_infer import ActorInferWorker
+
+    cfg = config(["dynamic_sampling.max_running_requests=4", "actor_infer.torch_threads=1"])
+    infer = Cluster(
+        "actor_infer", ActorInferWorker, world_size=1, num_cpus=0, num_gpus=0,
+        worker_kwargs={"pipeline_config": cfg}, max_concurrency=ActorInferWorker.MAX_CONCURRENCY,
+    )
+    from roll_pipeline.data.loading import load_rows
+
+    rows = load_rows(str(EXAMPLES / "data" / "math_train.jsonl"))[:256]
+    args = GeneratingArgs(max_new_tokens=32)
+    share = 32
+    spec = "tests.test_dynamic_sampling:SleepyScorer"
+
+    def timed(actor):
+        t0 = time.perf_counter()
+        ray.get(actor.get_batch.remote(share, N, args))
+        return time.perf_counter() - t0
+
+    fast, _ = scheduler(cfg, rows, infer.workers, spec, {"sleep_s": 0.0})
+    timed(fast)  # warm-up
+    generation_only = min(timed(fast) for _ in range(2))
+    # A reward that takes as long as generation: done one after the other, the step would take twice as long.
+    sleep_per_sample = generation_only / (share * N)
+    slow, slow_reward = scheduler(cfg, rows, infer.workers, spec, {"sleep_s": sleep_per_sample})
+    ray.get([slow.state_dict.remote(), slow_reward.workers[0].score_batch.remote([])])  # both actors up
+    reward_only = share * N * sleep_per_sample
+    overlapped = min(timed(slow) for _ in range(2))
+    sequential = generation_only + reward_only
+    print(f"generation {generation_only:.2f}s + reward {reward_only:.2f}s = {sequential:.2f}s; "
+          f"overlapped {overlapped:.2f}s (ratio {overlapped / sequential:.2f})")
+    assert overlapped < 0.8 * sequential
+    # actor_infer joined concurrent requests into batches larger than one group.
+    assert max(ray.get(infer.workers[0].batch_sizes.remote())) > N
+
+
+@pytest.mark.slow
+def test_validation_goes_through_the_same_requests_without_filters(local_ray):
+    cfg = config(group_filters="{std_filter: {}}")
+    val = rows_of(["same1", "same0", "half"] * 7)
+    actor, _ = scheduler(cfg, rows_of(["half"] * 3), scripted(), val_rows=val)
+    batch = ray.get(actor.validate.remote(GeneratingArgs(do_sample=False, max_new_tokens=4), 0))
+    assert len(batch) == len(val)  # one response per prompt, none filtered
+    assert batch.meta["id"] == [r["id"] for r in val]
+    assert batch["scores"].tolist() == [float(PATTERNS[p][0] == "1") for p in ["same1", "same0", "half"] * 7]

@@ -1,0 +1,79 @@
+"""Dynamic-sampling filters: pure functions over scored groups and responses."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedulers.filters import (
+    GROUP_FILTERS,
+    RESPONSE_FILTERS,
+    apply_group_filters,
+    apply_response_filters,
+    check_filters,
+    mean_filter,
+    std_filter,
+    truncated,
+)
+
+
+def group(*scores, finish="stop"):
+    return [{"score": s, "correct": s == 1.0, "response_length": 3, "finish_reason": finish} for s in scores]
+
+
+def test_std_filter_drops_groups_whose_rewards_are_all_equal():
+    assert std_filter(group(1.0, 0.0, 1.0)) is True
+    assert std_filter(group(1.0, 1.0, 1.0)) is False
+    assert std_filter(group(0.0, 0.0)) is False
+    assert std_filter(group(0.5, 0.5, 0.5, 0.5)) is False
+
+
+def test_std_filter_ignores_masked_samples_and_needs_two_scores():
+    assert std_filter(group(1.0, None, None)) is False
+    assert std_filter(group(1.0, None, 0.0)) is True
+    assert std_filter(group()) is False
+
+
+def test_std_filter_threshold():
+    scores = group(0.0, 0.1)  # population std 0.05
+    assert std_filter(scores, min_std=0.04) is True
+    assert std_filter(scores, min_std=0.06) is False
+
+
+def test_mean_filter_keeps_groups_inside_the_interval_inclusive():
+    assert mean_filter(group(1.0, 0.0), low=0.5, high=0.5) is True
+    assert mean_filter(group(1.0, 1.0), low=0.0, high=0.9) is False
+    assert mean_filter(group(0.0, 0.0, 1.0, 0.0), low=0.3, high=1.0) is False
+    assert mean_filter(group(None, None)) is False
+
+
+def test_truncated_response_filter():
+    assert truncated({"finish_reason": "stop"}) is True
+    assert truncated({"finish_reason": "length"}) is False
+
+
+def test_apply_group_filters_reports_the_first_filter_that_drops():
+    specs = {"std_filter": {}, "mean_filter": {"low": 0.3, "high": 1.0}}
+    assert apply_group_filters(group(1.0, 1.0), specs) == "std_filter"
+    assert apply_group_filters(group(1.0, 0.0, 0.0, 0.0), specs) == "mean_filter"
+    assert apply_group_filters(group(1.0, 0.0), specs) is None
+    assert apply_group_filters(group(1.0, 1.0), {}) is None
+
+
+def test_apply_response_filters_names_the_rejecting_filter():
+    records = group(1.0, 0.0) + group(1.0, finish="length")
+    assert apply_response_filters(records, {"truncated": {}}) == [None, None, "truncated"]
+    assert apply_response_filters(records, {}) == [None, None, None]
+
+
+def test_check_filters_names_unknown_filters_and_parameters():
+    problems = dict(check_filters(GROUP_FILTERS, {"std_filtr": {}, "mean_filter": {"lo": 0.1}, "std_filter": {}}))
+    assert "unknown group filter 'std_filtr'" in problems["std_filtr"]
+    assert "available: ['mean_filter', 'std_filter']" in problems["std_filtr"]
+    assert "takes no parameter 'lo'" in problems["mean_filter.lo"]
+    assert "std_filter" not in problems
+    assert dict(check_filters(RESPONSE_FILTERS, {"truncated": {}})) == {}
+
+
+@pytest.mark.parametrize("name", GROUP_FILTERS.names())
+def test_every_group_filter_has_a_docstring(name):
+    assert GROUP_FILTERS.get(name).__doc__

@@ -1,0 +1,118 @@
+"""actor_infer's request batcher: concurrent requests become batches; aborts end them without a result."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from workers.request_batcher import Request, RequestBatcher
+
+
+class Recorder:
+    """A batch function that records each batch's request ids and can block until released."""
+
+    def __init__(self, hold: bool = False) -> None:
+        self.batches: list[list[str]] = []
+        self.release = threading.Event()
+        self.started = threading.Event()
+        if not hold:
+            self.release.set()
+        self.saw_abort: list[bool] = []
+
+    def __call__(self, requests, is_aborted):
+        self.batches.append([r.request_id for r in requests])
+        self.started.set()
+        # A generation loop checks is_aborted after every token; this one polls until released or all aborted.
+        while not self.release.wait(0.01):
+            if all(is_aborted(i) for i in range(len(requests))):
+                self.saw_abort.append(True)
+                break
+        return [f"out-{r.request_id}" for r in requests]
+
+
+def req(request_id, prompts=1, n=4, key="sample"):
+    return Request(request_id, [[1, 2]] * prompts, n, key=key)
+
+
+def test_requests_that_arrive_together_share_one_batch():
+    run = Recorder(hold=True)
+    batcher = RequestBatcher(run, max_sequences=64, gather_s=0.0)
+    first = batcher.submit(req("a"))
+    assert run.started.wait(2)
+    futures = [batcher.submit(req(x)) for x in "bcd"]  # arrive while "a" runs: joined into the next batch
+    run.release.set()
+    assert [f.result(2) for f in [first, *futures]] == ["out-a", "out-b", "out-c", "out-d"]
+    assert run.batches == [["a"], ["b", "c", "d"]]
+
+
+def test_batches_respect_the_sequence_cap_and_the_generating_arguments():
+    run = Recorder(hold=True)
+    batcher = RequestBatcher(run, max_sequences=8, gather_s=0.0)
+    blocker = batcher.submit(req("x"))
+    assert run.started.wait(2)
+    futures = [batcher.submit(r) for r in [req("a"), req("g", key="greedy"), req("b"), req("c")]]
+    run.release.set()
+    for f in [blocker, *futures]:
+        f.result(2)
+    # 4 sequences each, at most 8 per batch; the greedy request never joins sampling ones.
+    assert run.batches == [["x"], ["a", "b"], ["g"], ["c"]]
+
+
+def test_a_request_larger_than_the_cap_runs_alone():
+    run = Recorder()
+    batcher = RequestBatcher(run, max_sequences=4, gather_s=0.0)
+    assert batcher.submit(req("big", prompts=3)).result(2) == "out-big"
+
+
+def test_abort_of_pending_and_running_requests_returns_none():
+    run = Recorder(hold=True)
+    batcher = RequestBatcher(run, max_sequences=64, gather_s=0.0)
+    running = batcher.submit(req("r"))
+    assert run.started.wait(2)
+    pending = batcher.submit(req("p"))
+    assert batcher.abort(["r", "p", "unknown"]) == 2
+    assert pending.result(2) is None
+    assert running.result(2) is None  # the running batch stopped early: every row in it was aborted
+    assert run.saw_abort == [True]
+    assert run.batches == [["r"]]  # the pending request never ran
+
+
+def test_a_failing_batch_fails_its_requests_and_the_batcher_goes_on():
+    calls = []
+
+    def run(requests, is_aborted):
+        calls.append(len(requests))
+        if len(calls) == 1:
+            raise RuntimeError("out of memory")
+        return ["ok" for _ in requests]
+
+    batcher = RequestBatcher(run, max_sequences=64, gather_s=0.0)
+    failed = batcher.submit(req("a"))
+    try:
+        failed.result(2)
+        raise AssertionError("expected the batch's error")
+    except RuntimeError as err:
+        assert "out of memory" in str(err)
+    time.sleep(0.05)
+    assert batcher.submit(req("b")).result(2) == "ok"
+
+
+def test_an_abort_that_overtakes_its_request_still_aborts_it():
+    run = Recorder()
+    batcher = RequestBatcher(run, max_sequences=64, gather_s=0.0)
+    assert batcher.abort(["late"]) == 0
+    assert batcher.submit(req("late")).result(2) is None
+    assert batcher.submit(req("other")).result(2) == "out-other"
+    assert run.batches == [["other"]]
+
+
+def test_requests_aborted_during_the_gathering_window_leave_the_batcher_working():
+    run = Recorder()
+    batcher = RequestBatcher(run, max_sequences=64, gather_s=0.2)
+    doomed = batcher.submit(req("doomed"))
+    time.sleep(0.05)  # the batcher is now inside its gathering window
+    assert batcher.abort(["doomed"]) == 1
+    assert doomed.result(2) is None
+    time.sleep(0.3)
+    assert batcher.submit(req("next")).result(2) == "out-next"
+    assert run.batches == [["next"]]

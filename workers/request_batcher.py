@@ -1,0 +1,145 @@
+"""Dynamic batching of concurrent generation requests for actor_infer.
+
+Schedulers of several domains send small requests (one prompt's group, or a few validation prompts) at the same
+time. One background thread takes whatever is pending, joins the requests that share generating arguments into
+one batch of at most ``max_sequences`` sequences, and runs it; requests that arrive meanwhile wait for the next
+batch. So concurrency turns into batches, not into one-at-a-time generation.
+
+``abort`` drops pending requests at once and asks a running batch to stop their rows: the batch function gets an
+``is_aborted(i)`` callback (the generation strategy turns it into a stopping criterion), and when every row of a
+batch is aborted the batch ends early. An aborted request's caller gets ``None``, never a partial result.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompts: list[list[int]]
+    num_return_sequences: int
+    key: Hashable
+    """Requests are batched together only when their keys (the generating arguments) are equal."""
+    payload: Any = None
+    future: Future = field(default_factory=Future)
+    aborted: bool = False
+
+    @property
+    def sequences(self) -> int:
+        return len(self.prompts) * self.num_return_sequences
+
+
+RunBatch = Callable[[list[Request], Callable[[int], bool]], list[Any]]
+"""Runs requests as one batch; gets `is_aborted(request_index)`; returns one result per request."""
+
+
+class RequestBatcher:
+    def __init__(self, run_batch: RunBatch, max_sequences: int, gather_s: float = 0.005, name: str = "batcher"):
+        self.run_batch = run_batch
+        self.max_sequences = max_sequences
+        self.gather_s = gather_s
+        self.generation_lock = threading.Lock()
+        """Held while a batch runs: take it to change the model between batches (weight updates)."""
+        self._cond = threading.Condition()
+        self._pending: list[Request] = []
+        self._running: dict[str, Request] = {}
+        # Ids aborted before their request arrived (an abort can overtake its request): refused on arrival.
+        self._aborted_unseen: dict[str, None] = {}
+        self.batches_run = 0
+        self.sizes: list[int] = []
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request) -> Future:
+        with self._cond:
+            if self._aborted_unseen.pop(request.request_id, 0) is None:
+                request.aborted = True
+                request.future.set_result(None)
+                return request.future
+            self._pending.append(request)
+            self._cond.notify()
+        return request.future
+
+    def abort(self, request_ids: Iterable[str]) -> int:
+        """Abort the named requests, pending or running; returns how many were still unfinished."""
+        ids = set(request_ids)
+        found: set[str] = set()
+        with self._cond:
+            keep = []
+            for request in self._pending:
+                if request.request_id in ids:
+                    request.aborted = True
+                    request.future.set_result(None)
+                    found.add(request.request_id)
+                else:
+                    keep.append(request)
+            self._pending = keep
+            for request_id in ids & self._running.keys():
+                self._running[request_id].aborted = True
+                found.add(request_id)
+            for request_id in ids - found:
+                self._aborted_unseen[request_id] = None
+            while len(self._aborted_unseen) > 10_000:
+                self._aborted_unseen.pop(next(iter(self._aborted_unseen)))
+        return len(found)
+
+    def _next_batch(self) -> list[Request]:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+            # A short gathering window lets a burst of requests (all domains starting a step) form one batch.
+            time.sleep(self.gather_s)
+            with self._cond:
+                if not self._pending:
+                    continue  # everything that was waiting got aborted meanwhile
+                key = self._pending[0].key
+                batch, rest, total = [], [], 0
+                for request in self._pending:
+                    fits = not batch or total + request.sequences <= self.max_sequences
+                    if request.key == key and fits:
+                        batch.append(request)
+                        total += request.sequences
+                    else:
+                        rest.append(request)
+                self._pending = rest
+                self._running = {r.request_id: r for r in batch}
+                return batch
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._serve_one_batch()
+            except BaseException:  # never let the serving thread die: every caller would wait forever
+                logger.exception("request batcher: unexpected error; serving goes on")
+
+    def _serve_one_batch(self) -> None:
+        batch = self._next_batch()
+        try:
+            with self.generation_lock:
+                results = self.run_batch(batch, lambda i, batch=batch: batch[i].aborted)
+            error = None
+        except BaseException as err:  # the caller of each request gets the error, the loop goes on
+            logger.exception("generation batch failed")
+            results, error = [None] * len(batch), err
+        with self._cond:
+            self._running = {}
+            self.batches_run += 1
+            self.sizes.append(sum(r.sequences for r in batch))
+        for request, result in zip(batch, results, strict=True):
+            if request.future.done():
+                continue
+            if error is not None:
+                request.future.set_exception(error)
+            else:
+                request.future.set_result(None if request.aborted else result)
