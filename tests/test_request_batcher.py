@@ -108,7 +108,7 @@ def test_an_abort_that_overtakes_its_request_still_aborts_it():
 
 def test_requests_aborted_during_the_gathering_window_leave_the_batcher_working():
     run = Recorder()
-    batcher = RequestBatcher(run, max_sequences=64, gather_s=0.2)
+    batcher = RequestBatcher(run, max_sequences=64, gather_s=0.2, max_gather_s=0.5)
     doomed = batcher.submit(req("doomed"))
     time.sleep(0.05)  # the batcher is now inside its gathering window
     assert batcher.abort(["doomed"]) == 1
@@ -116,3 +116,27 @@ def test_requests_aborted_during_the_gathering_window_leave_the_batcher_working(
     time.sleep(0.3)
     assert batcher.submit(req("next")).result(2) == "out-next"
     assert run.batches == [["next"]]
+
+
+def test_a_burst_of_requests_is_gathered_into_one_batch():
+    run = Recorder()
+    batcher = RequestBatcher(run, max_sequences=64, gather_s=0.05, max_gather_s=1.0)
+    futures = []
+    for x in "abcde":  # arrive 10 ms apart, as Ray calls from several schedulers do
+        futures.append(batcher.submit(req(x)))
+        time.sleep(0.01)
+    for f in futures:
+        f.result(2)
+    assert run.batches == [["a", "b", "c", "d", "e"]]
+
+
+def test_gathering_stops_when_the_batch_is_full():
+    run = Recorder()
+    batcher = RequestBatcher(run, max_sequences=8, gather_s=5.0, max_gather_s=10.0)
+    t0 = time.monotonic()
+    first = batcher.submit(req("a"))
+    time.sleep(0.1)  # the batcher is gathering: 4 of 8 sequences
+    second = batcher.submit(req("b"))  # now full: the batch starts without waiting out the window
+    assert first.result(2) == "out-a" and second.result(2) == "out-b"
+    assert time.monotonic() - t0 < 2
+    assert run.batches == [["a", "b"]]

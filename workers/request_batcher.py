@@ -44,10 +44,20 @@ RunBatch = Callable[[list[Request], Callable[[int], bool]], list[Any]]
 
 
 class RequestBatcher:
-    def __init__(self, run_batch: RunBatch, max_sequences: int, gather_s: float = 0.005, name: str = "batcher"):
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        max_sequences: int,
+        gather_s: float = 0.01,
+        max_gather_s: float = 0.05,
+        name: str = "batcher",
+    ) -> None:
         self.run_batch = run_batch
         self.max_sequences = max_sequences
         self.gather_s = gather_s
+        """Before a batch starts, wait until no request has arrived for this long..."""
+        self.max_gather_s = max_gather_s
+        """...but no longer than this in all, or until the waiting requests fill a batch."""
         self.generation_lock = threading.Lock()
         """Held while a batch runs: take it to change the model between batches (weight updates)."""
         self._cond = threading.Condition()
@@ -98,8 +108,7 @@ class RequestBatcher:
             with self._cond:
                 while not self._pending:
                     self._cond.wait()
-            # A short gathering window lets a burst of requests (all domains starting a step) form one batch.
-            time.sleep(self.gather_s)
+            self._gather()
             with self._cond:
                 if not self._pending:
                     continue  # everything that was waiting got aborted meanwhile
@@ -122,6 +131,19 @@ class RequestBatcher:
                 self._serve_one_batch()
             except BaseException:  # never let the serving thread die: every caller would wait forever
                 logger.exception("request batcher: unexpected error; serving goes on")
+
+    def _gather(self) -> None:
+        """Requests of a burst (every domain starting a step) arrive one Ray call at a time: wait for the burst
+        to end, so that it forms one batch instead of a small one followed by a large one."""
+        if self.gather_s <= 0:
+            return
+        deadline = time.monotonic() + self.max_gather_s
+        with self._cond:
+            while sum(r.sequences for r in self._pending) < self.max_sequences:
+                left = deadline - time.monotonic()
+                # wait() returns False when gather_s passed with no new request: the burst is over.
+                if left <= 0 or not self._cond.wait(min(self.gather_s, left)):
+                    return
 
     def _serve_one_batch(self) -> None:
         batch = self._next_batch()
