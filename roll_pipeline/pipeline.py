@@ -258,7 +258,8 @@ class RLVRPipeline:
 
     def validate(self) -> dict[str, float]:
         args = self.cfg.validation.generating_args
-        refs = [s.validate.remote(args, self.cfg.validation.max_prompts) for s in self.schedulers.values()]
+        v = self.cfg.validation
+        refs = [s.validate.remote(args, v.max_prompts, v.num_samples) for s in self.schedulers.values()]
         return validation_metrics([r for batch in ray.get(refs) for r in self._records(batch)])
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:

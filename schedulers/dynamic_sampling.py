@@ -77,6 +77,14 @@ class PromptSampler:
         self._order = self._permutation(self.epoch)
 
 
+def question_of(row: dict[str, Any]) -> str | None:
+    """The prompt as the user wrote it: the last user message, or the plain `prompt` column (for judges)."""
+    for message in reversed(row.get("messages") or []):
+        if message.get("role") == "user":
+            return message.get("content")
+    return row.get("prompt")
+
+
 @dataclass
 class Group:
     """One prompt's generated and scored group."""
@@ -245,6 +253,7 @@ class DynamicSamplingScheduler:
                 "test_cases": row.get("test_cases"),
                 "tag": row["tag"],
                 "id": row.get("id", row.get("_source")),
+                "question": question_of(row),
             }
             for row, text in zip(rows, texts, strict=True)
         ]
@@ -264,29 +273,31 @@ class DynamicSamplingScheduler:
 
     # ------------------------------------------------------------------------------------------- validation
 
-    async def validate(self, args: GeneratingArgs, max_prompts: int = 0) -> Batch:
-        """One response per validation prompt (the first `max_prompts` when it is > 0), scored; no filters.
+    async def validate(self, args: GeneratingArgs, max_prompts: int = 0, num_samples: int = 1) -> Batch:
+        """`num_samples` responses per validation prompt (the first `max_prompts` prompts when it is > 0), scored,
+        rows grouped by prompt; no filters.
 
         The prompts go out at once in requests of a few prompts each; actor_infer batches them."""
         n = len(self.val_rows) if max_prompts <= 0 else min(max_prompts, len(self.val_rows))
         call = next(self._calls)
-        step = self.VAL_PROMPTS_PER_REQUEST
+        step = max(1, self.VAL_PROMPTS_PER_REQUEST // num_samples)
 
         async def one(start: int) -> list[Batch]:
             worker = self.infer_workers[next(self._next_infer)]
-            ids = self.val_prompt_ids[start : start + step]
-            rows = self.val_rows[start : start + step]
-            output = await worker.generate_request.remote(f"{self.domain}/val{call}/{start}", ids, args, 1)
+            ids = self.val_prompt_ids[start : min(start + step, n)]
+            rows = self.val_rows[start : min(start + step, n)]
+            output = await worker.generate_request.remote(f"{self.domain}/val{call}/{start}", ids, args, num_samples)
             texts = self._decode(output)
-            results = await self._score(rows, texts)
+            results = await self._score([row for row in rows for _ in range(num_samples)], texts)
             parts = []
             for k, row in enumerate(rows):
-                single = {
-                    "response_ids": output["response_ids"][k : k + 1],
-                    "response_mask": output["response_mask"][k : k + 1],
-                    "finish_reason": output["finish_reason"][k : k + 1],
+                rows_k = slice(k * num_samples, (k + 1) * num_samples)
+                group = {
+                    "response_ids": output["response_ids"][rows_k],
+                    "response_mask": output["response_mask"][rows_k],
+                    "finish_reason": output["finish_reason"][rows_k],
                 }
-                parts.append(self._batch(row, ids[k], single, [texts[k]], results[k : k + 1], [None]))
+                parts.append(self._batch(row, ids[k], group, texts[rows_k], results[rows_k], [None] * num_samples))
             return parts
 
         chunks = await asyncio.gather(*(one(s) for s in range(0, n, step)))
@@ -376,7 +387,7 @@ class DynamicSamplingScheduler:
             f"{p}/groups_dropped": float(len(dropped)),
             f"{p}/redraws": float(max(0, drawn - share)),
             f"{p}/aborted": float(aborted),
-            f"{p}/peak_in_flight": float(peak),
+            f"{p}/peanum_samplesin_flight": float(peak),
             f"{p}/bound": float(bound),
             f"{p}/bound_hit": float(len(kept) < share),
             f"{p}/generate_s": sum(g.generate_s for g in scored),

@@ -293,3 +293,15 @@ def test_validation_goes_through_the_same_requests_without_filters(local_ray):
     assert len(batch) == len(val)  # one response per prompt, none filtered
     assert batch.meta["id"] == [r["id"] for r in val]
     assert batch["scores"].tolist() == [float(PATTERNS[p][0] == "1") for p in ["same1", "same0", "half"] * 7]
+
+
+@pytest.mark.slow
+def test_validation_with_k_samples_groups_them_by_prompt(local_ray):
+    cfg = config()
+    val = rows_of(["half", "low", "same0"] * 3)
+    actor, _ = scheduler(cfg, rows_of(["half"] * 3), scripted(), val_rows=val)
+    batch = ray.get(actor.validate.remote(GeneratingArgs(max_new_tokens=4), 5, N))
+    assert len(batch) == 5 * N
+    assert batch.meta["id"] == [r["id"] for r in val[:5] for _ in range(N)]
+    patterns = ["half", "low", "same0"] * 3
+    assert batch["scores"].tolist() == [float(a == "1") for p in patterns[:5] for a in PATTERNS[p]]

@@ -210,6 +210,14 @@ class ValidationConfig:
     """Validate once before the first step, so the run reports where it started."""
     max_prompts: int = 0
     """Use at most this many validation prompts per domain (the first ones); 0 means all."""
+    num_samples: int = 1
+    """Responses per validation prompt (k): accuracy is their mean; pass@k and maj@k need k > 1 and sampling."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.num_samples < 1:
+            yield "num_samples", "must be >= 1"
+        if self.num_samples > 1 and not self.generating_args.do_sample:
+            yield "num_samples", "k > 1 responses per prompt need generating_args.do_sample: true (greedy repeats one)"
 
 
 @dataclass(frozen=True, kw_only=True)
