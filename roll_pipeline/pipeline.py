@@ -209,6 +209,8 @@ class RLVRPipeline:
             metrics |= rollout_metrics(domain, self._records(part)) | scheduler_metrics
         batch = Batch.concat(parts)
         batch = batch.update({"group_ids": torch.arange(len(batch) // n).repeat_interleave(n)})
+        if self.cfg.actor_infer.strategy_args.strategy_name == "vllm":
+            self.actor_infer.call("offload")  # colocated training gets the GPU memory back
         metrics |= rollout_metrics("all", self._records(batch))
         return batch, metrics
 

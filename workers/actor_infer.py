@@ -23,10 +23,9 @@ def make_infer_strategy(pipeline_config: PipelineConfig):
     section = pipeline_config.actor_infer
     name = section.strategy_args.strategy_name
     if name == "vllm":
-        from workers.strategies.vllm_infer import check_vllm_available
+        from workers.strategies.vllm_infer import VLLMInferStrategy
 
-        check_vllm_available()
-        raise NotImplementedError("the vllm strategy arrives with multi-GPU support; use hf_infer for now")
+        return VLLMInferStrategy(section)
     from workers.strategies.hf_infer import HFInferStrategy
 
     return HFInferStrategy(section)
@@ -70,6 +69,13 @@ class ActorInferWorker(Worker):
     def batch_sizes(self) -> list[int]:
         """Sequences in each batch run so far (to see how requests were joined)."""
         return list(self.batcher.sizes)
+
+    def offload(self) -> None:
+        """Free accelerator memory between rollouts (vLLM's sleep mode); the next request wakes the engine."""
+        sleep = getattr(self.strategy, "sleep", None)
+        if sleep is not None:
+            with self.batcher.generation_lock:
+                sleep()
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         with self.batcher.generation_lock:

@@ -1,8 +1,24 @@
-"""The vLLM inference strategy for GPU clusters: selected with actor_infer.strategy_args.strategy_name: vllm."""
+"""The vLLM inference strategy for GPU clusters: selected with actor_infer.strategy_args.strategy_name: vllm.
+
+vLLM is imported only when this strategy is built, so CPU hosts never need it. What needs no engine is kept in
+pure functions, tested on CPU: the mapping of `GeneratingArgs` to vLLM sampling parameters, the mapping of
+actor_train's weight names to what vLLM's `load_weights` expects, and the conversion of vLLM's outputs into the
+(response_ids, response_mask, finish_reason) the pipeline uses.
+
+`strategy_args.strategy_config` keys (all optional): tensor_parallel_size (1), gpu_memory_utilization (0.6),
+enable_sleep_mode (true: the engine frees its GPU memory between rollouts when colocated with training),
+max_model_len, enforce_eager (false).
+"""
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from roll_pipeline.config import ClusterConfig, GeneratingArgs
 
 
 class StrategyUnavailable(RuntimeError):
@@ -14,8 +30,6 @@ def check_vllm_available() -> None:
     missing = []
     if importlib.util.find_spec("vllm") is None:
         missing.append("the vllm package (pip install 'roll-pipeline[gpu]')")
-    import torch
-
     if not torch.cuda.is_available():
         missing.append("a CUDA GPU (torch.cuda.is_available() is False)")
     if missing:
@@ -23,3 +37,152 @@ def check_vllm_available() -> None:
             "actor_infer.strategy_args.strategy_name: vllm needs " + " and ".join(missing)
             + "; use strategy_name: hf_infer on this host"
         )
+
+
+def sampling_kwargs(args: GeneratingArgs, n: int, eos_ids: list[int], seed: int | None = None) -> dict[str, Any]:
+    """Keyword arguments of vllm.SamplingParams for `args`, `n` responses per prompt.
+
+    Greedy decoding is temperature 0 in vLLM; top_k 0 (off) in our config is -1 there. The end-of-sequence ids
+    stop generation and stay in the output, as with transformers, so the response mask covers them."""
+    kwargs: dict[str, Any] = {
+        "n": n,
+        "max_tokens": args.max_new_tokens,
+        "stop_token_ids": list(eos_ids),
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "detokenize": False,
+    }
+    if args.do_sample:
+        kwargs |= {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k or -1}
+    else:
+        kwargs |= {"temperature": 0.0, "top_p": 1.0, "top_k": -1}
+    if seed is not None:
+        kwargs["seed"] = seed
+    return kwargs
+
+
+#: Prefixes that wrappers add to parameter names (DeepSpeed/DDP `module.`, torch.compile `_orig_mod.`).
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def vllm_weight_items(
+    state_dict: Mapping[str, torch.Tensor], tie_word_embeddings: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs for vLLM's `model.load_weights`: Hugging Face names, wrapper prefixes removed.
+
+    vLLM's model classes take checkpoint (HF) names and fuse q/k/v and gate/up projections themselves, so names
+    are otherwise kept. A tied lm_head is skipped: vLLM shares it with the embedding and would reject it.
+    Rotary caches (`rotary_emb.inv_freq`) are buffers vLLM computes itself and are skipped too."""
+    for name, tensor in state_dict.items():
+        for prefix in _WRAPPER_PREFIXES:
+            while name.startswith(prefix):
+                name = name[len(prefix) :]
+        if tie_word_embeddings and name == "lm_head.weight":
+            continue
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        yield name, tensor
+
+
+def outputs_to_tensors(
+    completions: Iterable[tuple[list[int], str | None]], pad_id: int
+) -> dict[str, Any]:
+    """vLLM completions, as (token_ids, finish_reason) in prompt-major order, to right-padded tensors.
+
+    vLLM's finish reasons: `stop` (an eos/stop id, kept in token_ids), `length` (max_tokens), `abort`; aborted
+    rows are reported as `length` (unfinished), the pipeline never trains on them."""
+    rows = [(list(ids), reason) for ids, reason in completions]
+    width = max((len(ids) for ids, _ in rows), default=0) or 1
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.float32)
+    finish = []
+    for i, (tokens, reason) in enumerate(rows):
+        if tokens:
+            ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            mask[i, : len(tokens)] = 1.0
+        finish.append("stop" if reason == "stop" else "length")
+    return {"response_ids": ids, "response_mask": mask, "finish_reason": finish}
+
+
+class VLLMInferStrategy:
+    """actor_infer on a vLLM engine: batched sampling, in-place weight updates, sleep/wake between phases."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        check_vllm_available()
+        from vllm import LLM
+
+        from workers.strategies.loading import eos_token_ids, load_tokenizer
+
+        options = dict(config.strategy_args.strategy_config)
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model_args)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.sleep_mode = bool(options.pop("enable_sleep_mode", True))
+        self.llm = LLM(
+            model=config.model_args.model_name_or_path,
+            dtype=config.model_args.dtype,
+            tensor_parallel_size=int(options.pop("tensor_parallel_size", 1)),
+            gpu_memory_utilization=float(options.pop("gpu_memory_utilization", 0.6)),
+            enable_sleep_mode=self.sleep_mode,
+            **options,
+        )
+        from types import SimpleNamespace
+
+        from transformers import AutoConfig, GenerationConfig
+
+        path = config.model_args.model_name_or_path
+        self.tie_word_embeddings = bool(getattr(AutoConfig.from_pretrained(path), "tie_word_embeddings", False))
+        try:
+            generation_config = GenerationConfig.from_pretrained(path)
+        except OSError:  # a checkpoint without generation_config.json: the tokenizer's eos
+            generation_config = None
+        self.eos_ids = eos_token_ids(SimpleNamespace(generation_config=generation_config), self.tokenizer)
+        self.asleep = False
+
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        args: GeneratingArgs,
+        num_return_sequences: int,
+        is_aborted: Callable[[int], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Same contract as HFInferStrategy.generate: rows grouped by prompt (i * n + j). vLLM schedules the whole
+        call with continuous batching; an abort takes effect between calls (the batcher drops aborted requests)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.wake_up()
+        prompts = [
+            TokensPrompt(prompt_token_ids=row[m > 0].tolist()) for row, m in zip(prompt_ids, prompt_mask, strict=True)
+        ]
+        params = SamplingParams(**sampling_kwargs(args, num_return_sequences, self.eos_ids))
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        completions = [(list(c.token_ids), c.finish_reason) for out in outputs for c in out.outputs]
+        return outputs_to_tensors(completions, self.pad_id)
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy actor_train's weights into the running engine without restarting it."""
+        self.wake_up()
+        weights = list(vllm_weight_items(state_dict, self.tie_word_embeddings))
+
+        def load(model: torch.nn.Module) -> None:
+            model.load_weights(weights=((n, t.to(next(model.parameters()).device)) for n, t in weights))
+
+        if hasattr(self.llm, "apply_model"):  # vLLM's supported hook to run a function on the model
+            self.llm.apply_model(load)
+        else:
+            load(self.llm.llm_engine.model_executor.driver_worker.model_runner.model)
+        if hasattr(self.llm, "reset_prefix_cache"):
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory (weights offloaded, KV cache dropped) while actor_train uses the GPU."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
