@@ -253,7 +253,11 @@ class RLVRPipeline:
         return metrics
 
     def sync_weights(self) -> None:
-        weights = ray.put(self.actor_train.call_rank0("get_weights"))
+        stage = self.cfg.actor_train.strategy_args.strategy_config.get("zero_optimization", {}).get("stage", 0)
+        if stage == 3:  # sharded parameters: every rank takes part in gathering them
+            weights = ray.put(self.actor_train.call("get_weights")[0])
+        else:
+            weights = ray.put(self.actor_train.call_rank0("get_weights"))
         self.actor_infer.call("update_weights", weights)
 
     # ------------------------------------------------------------------------------------------- the loop

@@ -86,9 +86,30 @@ class DeepSpeedTrainStrategy:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
+    @property
+    def zero_stage(self) -> int:
+        return int(self.engine.zero_optimization_stage())
+
     def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
-        """Full weights on CPU, for actor_infer (ZeRO stage 0-2 keep whole parameters on every rank)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+        """Full weights on CPU, for actor_infer. ZeRO stages 0-2 keep whole parameters on every rank; under
+        stage 3 each rank holds a shard, so every rank must call this together: the parameters are gathered
+        (one module at a time, to bound memory) and copied out."""
+        if self.zero_stage < 3:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+        import deepspeed
+
+        out: dict[str, torch.Tensor] = {}
+        # Per-module, non-recursive listing keeps tied weights under every name they have (lm_head and embedding).
+        for prefix, module in self.module.named_modules():
+            own = list(module.named_parameters(recurse=False))
+            with deepspeed.zero.GatheredParameters([p for _, p in own], modifier_rank=None):
+                for name, param in own:
+                    out[f"{prefix}.{name}" if prefix else name] = param.detach().to("cpu", copy=True)
+            for name, buf in module.named_buffers(recurse=False):
+                if name not in module._non_persistent_buffers_set:
+                    out[f"{prefix}.{name}" if prefix else name] = buf.detach().to("cpu", copy=True)
+        return out
 
     def save(self, path: str, client_state: dict[str, Any]) -> None:
         self.engine.save_checkpoint(path, tag="engine", client_state=client_state)
+

@@ -1,0 +1,100 @@
+"""DeepSpeed ZeRO stages 1-3 with two data-parallel ranks on CPU (gloo): one update gives the same loss and the
+same synced weights as a single rank on the same batch."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+
+from roll_pipeline.batch import Batch
+from roll_pipeline.config import load_config
+from roll_pipeline.data.loading import collate_prompts, encode_prompts, load_rows
+from roll_pipeline.distributed.cluster import Cluster
+from tests.conftest import EXAMPLES
+
+SAMPLES = 16
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def training_batch(cfg, tokenizer) -> Batch:
+    """A fixed batch: real prompts, responses drawn from a seeded generator, fixed advantages."""
+    rows = load_rows(str(EXAMPLES / "data" / "math_train.jsonl"))[:SAMPLES]
+    prompt_ids, prompt_mask = collate_prompts(encode_prompts(tokenizer, rows, cfg.data), tokenizer.pad_token_id)
+    g = torch.Generator().manual_seed(0)
+    responses = torch.randint(5, 200, (SAMPLES, 6), generator=g)
+    response_mask = torch.ones(SAMPLES, 6)
+    response_mask[::3, 4:] = 0  # some shorter responses
+    return Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": responses,
+            "response_mask": response_mask,
+            "advantages": torch.randn(SAMPLES, 6, generator=g),
+            "sample_mask": torch.ones(SAMPLES),
+        }
+    )
+
+
+def one_update(stage: int, world_size: int, tiny_model) -> tuple[float, dict[str, torch.Tensor]]:
+    from workers.actor_train import ActorTrainWorker
+    from workers.strategies.loading import load_tokenizer
+
+    cfg = load_config(
+        EXAMPLES / "math_code.yaml",
+        [
+            "rollout_batch_size=4",
+            "num_return_sequences_in_group=4",
+            f"actor_train.world_size={world_size}",
+            f"actor_train.training_args.per_device_train_batch_size={SAMPLES // world_size // 2}",
+            "actor_train.training_args.gradient_accumulation_steps=2",
+            "actor_train.training_args.warmup_steps=0",
+            "actor_train.training_args.learning_rate=1e-2",
+            "actor_train.torch_threads=1",
+            f"actor_train.strategy_args.strategy_config={{zero_optimization: {{stage: {stage}}}}}",
+        ],
+    ).config
+    cluster = Cluster(
+        "actor_train", ActorTrainWorker, world_size=world_size, num_cpus=0, num_gpus=0,
+        worker_kwargs={"pipeline_config": cfg, "total_optimizer_steps": 1},
+        env_vars={"OMP_NUM_THREADS": "1"},
+    )
+    try:
+        cluster.init_process_group()
+        cluster.call("initialize")
+        batch = training_batch(cfg, load_tokenizer(cfg.actor_train.model_args))
+        old = torch.cat(cluster.dispatch("compute_log_probs", batch))
+        metrics = cluster.dispatch("train_step", batch.update({"old_log_probs": old}))
+        weights = cluster.call("get_weights")[0] if stage == 3 else cluster.call_rank0("get_weights")
+        # each rank's loss is divided by the global count / world size, so their mean is the global mean
+        loss = sum(m["actor/pg_loss"] for m in metrics) / world_size
+        return loss, weights
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_two_ranks_match_one_rank(stage, local_ray, tiny_model):
+    loss_1, weights_1 = one_update(stage, 1, tiny_model)
+    loss_2, weights_2 = one_update(stage, 2, tiny_model)
+    assert abs(loss_1 - loss_2) < 1e-5, (loss_1, loss_2)
+    assert weights_1.keys() == weights_2.keys()
+    worst = max(float((weights_1[k] - weights_2[k]).abs().max()) for k in weights_1)
+    start = _start(tiny_model)
+    changed = max(float((weights_1[k] - start[k]).abs().max()) for k in start if k in weights_1)
+    assert changed > 1e-3, "the update moved the weights"
+    assert worst < 1e-4, f"largest difference between 1 and 2 ranks: {worst}"
+
+
+def _start(tiny_model) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(tiny_model / "model.safetensors"))
