@@ -362,7 +362,9 @@ class RLVRPipeline:
     @staticmethod
     def _records(batch: Batch) -> list[dict[str, Any]]:
         lengths = batch["response_mask"].sum(-1).long().tolist()
-        masked = (batch["sample_mask"] == 0).tolist()
+        # "masked" here means the reward could not be computed; samples that only left the loss (filler groups
+        # at the redraw bound, filtered responses) still report their rewards.
+        masked = [c is None for c in batch.meta["correct"]]
         scores = batch["scores"].tolist()
         return [
             {

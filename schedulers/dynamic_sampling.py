@@ -387,7 +387,7 @@ class DynamicSamplingScheduler:
             f"{p}/groups_dropped": float(len(dropped)),
             f"{p}/redraws": float(max(0, drawn - share)),
             f"{p}/aborted": float(aborted),
-            f"{p}/peanum_samplesin_flight": float(peak),
+            f"{p}/peak_in_flight": float(peak),
             f"{p}/bound": float(bound),
             f"{p}/bound_hit": float(len(kept) < share),
             f"{p}/generate_s": sum(g.generate_s for g in scored),

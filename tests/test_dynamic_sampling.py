@@ -229,19 +229,27 @@ def test_redraw_bound_can_stop_the_run(local_ray):
 
 @pytest.mark.slow
 def test_in_flight_requests_are_aborted_when_the_batch_is_full(local_ray):
-    cfg = config(["dynamic_sampling.max_running_requests=6"], group_filters="{std_filter: {}}")
+    cfg = config(["dynamic_sampling.max_running_requests=6", "dynamic_sampling.max_prompts_factor=4"],
+                 group_filters="{std_filter: {}}")
     infer = scripted(delay_s=0.1)
-    actor, _ = scheduler(cfg, rows_of(["half", "same1"] * 10), infer)
-    # The first step's pass-rate estimate is 1: it sends the share; the misses teach it to send more.
-    ray.get(actor.get_batch.remote(2, N, ARGS))
+    actor, _ = scheduler(cfg, rows_of(["half"] * 20), infer)
+    # A low pass-rate estimate (as after many drops) makes the scheduler keep 6 prompts in flight for a share of 2;
+    # the k-th request takes 0.1 * (k + 1) s, so requests 0 and 1 pass first and 2..5 are still running.
+    state = ray.get(actor.state_dict.remote())
+    ray.get(actor.load_state_dict.remote({**state, "pass_rate": 0.2}))
     batch, m = ray.get(actor.get_batch.remote(2, N, ARGS))
     requests, aborted = ray.get(infer[0].log.remote())
-    assert m["scheduler/math/aborted"] > 0
-    assert m["scheduler/math/peak_in_flight"] > 2
-    step_requests = [r for r in requests if r.startswith("math/1/")]
-    assert len(step_requests) == m["scheduler/math/prompts_drawn"]
-    assert len([r for r in aborted if r.startswith("math/1/")]) == m["scheduler/math/aborted"]
+    drawn = int(m["scheduler/math/prompts_drawn"])
+    assert m["scheduler/math/peak_in_flight"] == 6
+    # Every drawn prompt is in the batch, aborted, or surplus; requests 2..5 at least were still generating.
+    assert m["scheduler/math/aborted"] + m["scheduler/math/surplus"] == drawn - 2
+    assert {f"math/0/{k}" for k in range(2, 6)} <= set(aborted)
+    assert not {"math/0/0", "math/0/1"} & set(aborted)
+    assert sorted(requests, key=lambda r: int(r.rsplit("/", 1)[1])) == [f"math/0/{k}" for k in range(drawn)]
     assert len(batch) == 2 * N and batch["sample_mask"].sum() == 2 * N
+    # Nothing of the aborted requests leaks into the next step: its groups come from its own requests.
+    batch2, m2 = ray.get(actor.get_batch.remote(2, N, ARGS))
+    assert m2["scheduler/math/groups_kept"] == 2 and len(batch2) == 2 * N
 
 
 @pytest.mark.slow
