@@ -111,6 +111,7 @@ class RLVRPipeline:
                 worker_kwargs={"pipeline_config": cfg, **kwargs},
                 env_vars=worker_env(section.torch_threads),
                 max_concurrency=max_concurrency,
+                placement=section.placement,
             )
 
         self.actor_train = make(

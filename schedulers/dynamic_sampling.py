@@ -128,6 +128,11 @@ class DynamicSamplingScheduler:
         self.rows, self.prompt_ids = rows, prompt_ids
         self.val_rows, self.val_prompt_ids = val_rows, val_prompt_ids
         self.sampling = cfg.dynamic_sampling
+        self.max_prompts_factor = (
+            reward_cfg.max_prompts_factor
+            if reward_cfg.max_prompts_factor is not None
+            else cfg.dynamic_sampling.max_prompts_factor
+        )
         self.group_filters = {k: dict(v or {}) for k, v in reward_cfg.group_filters.items()}
         self.response_filters = {k: dict(v or {}) for k, v in reward_cfg.response_filters.items()}
         self.tokenizer = load_tokenizer(cfg.actor_infer.model_args)
@@ -140,6 +145,7 @@ class DynamicSamplingScheduler:
         """Running estimate of the share of groups that pass the filters; sizes the speculative draws."""
         self._calls = itertools.count()
         self.bound_hits = 0
+        self.scored_unique = self.scored_total = 0
 
     # ------------------------------------------------------------------------------------------- a step
 
@@ -150,7 +156,8 @@ class DynamicSamplingScheduler:
         (scheduler/<domain>/... and reward/<domain>/... over every group scored this step)."""
         start = time.perf_counter()
         call = next(self._calls)
-        bound = max(num_prompts, math.ceil(self.sampling.max_prompts_factor * num_prompts))
+        self.scored_unique = self.scored_total = 0
+        bound = max(num_prompts, math.ceil(self.max_prompts_factor * num_prompts))
         kept: list[Group] = []
         dropped: list[Group] = []
         # A prompt holds a generation slot only while actor_infer works on it; scoring runs beside new requests.
@@ -207,11 +214,14 @@ class DynamicSamplingScheduler:
             dropped = [g for g in dropped if g.order < last]
         metrics = self._metrics(kept, dropped, drawn, peak, aborted, bound, num_prompts, time.perf_counter() - start)
         metrics[f"scheduler/{self.domain}/surplus"] = float(len(surplus))
+        metrics[f"scheduler/{self.domain}/scored_unique_frac"] = self.scored_unique / max(self.scored_total, 1)
+        self.scored_unique = self.scored_total = 0
         if len(kept) < num_prompts:
             message = (
                 f"domain {self.domain!r}: only {len(kept)} of {num_prompts} groups passed the filters "
                 f"{list(self.group_filters)} after drawing {drawn} prompts (the bound: "
-                f"dynamic_sampling.max_prompts_factor={self.sampling.max_prompts_factor:g})"
+                f"max_prompts_factor {self.max_prompts_factor:g}, from rewards.{self.domain}.max_prompts_factor or "
+                "dynamic_sampling.max_prompts_factor)"
             )
             if self.sampling.on_bound == "error":
                 raise SamplingBoundError(message)
@@ -257,7 +267,19 @@ class DynamicSamplingScheduler:
             }
             for row, text in zip(rows, texts, strict=True)
         ]
-        return await self.reward_workers[next(self._next_reward)].score_batch.remote(samples)
+        # Identical responses to the same prompt are scored once (policies often repeat themselves, and a code
+        # sample costs a sandbox run); every copy gets the same result.
+        unique: dict[tuple[str, str], int] = {}
+        firsts: list[dict[str, Any]] = []
+        for sample in samples:
+            key = (str(sample["id"]), sample["response"])
+            if key not in unique:
+                unique[key] = len(firsts)
+                firsts.append(sample)
+        scored = await self.reward_workers[next(self._next_reward)].score_batch.remote(firsts)
+        self.scored_unique += len(unique)
+        self.scored_total += len(samples)
+        return [scored[unique[(str(s["id"]), s["response"])]] for s in samples]
 
     async def _abort(self, generating: dict[asyncio.Task, tuple], scoring: dict[asyncio.Task, None]) -> int:
         """Abort what is still in flight: generation requests on actor_infer, and groups being scored (their

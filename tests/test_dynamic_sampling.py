@@ -205,7 +205,9 @@ def test_no_filters_means_exactly_the_share_is_drawn(local_ray):
 
 @pytest.mark.slow
 def test_redraw_bound_trains_on_what_passed(local_ray):
-    cfg = config(["dynamic_sampling.max_prompts_factor=2.5"], group_filters="{std_filter: {}}")
+    # the domain's own bound overrides the global one
+    cfg = config(["dynamic_sampling.max_prompts_factor=4", "rewards.math.max_prompts_factor=2.5"],
+                 group_filters="{std_filter: {}}")
     patterns = ["same1"] * 9 + ["half"]
     actor, _ = scheduler(cfg, rows_of(patterns), scripted())
     batch, m = ray.get(actor.get_batch.remote(4, N, ARGS))
@@ -313,3 +315,14 @@ def test_validation_with_k_samples_groups_them_by_prompt(local_ray):
     assert batch.meta["id"] == [r["id"] for r in val[:5] for _ in range(N)]
     patterns = ["half", "low", "same0"] * 3
     assert batch["scores"].tolist() == [float(a == "1") for p in patterns[:5] for a in PATTERNS[p]]
+
+
+@pytest.mark.slow
+def test_identical_responses_to_a_prompt_are_scored_once(local_ray):
+    cfg = config()
+    actor, _ = scheduler(cfg, rows_of(["same1", "half"] * 4), scripted())
+    batch, m = ray.get(actor.get_batch.remote(8, N, ARGS))
+    # "same1" groups send 1 distinct response of 4, "half" groups 2 of 4: 12 of 32 samples reach the worker
+    assert m["scheduler/math/scored_unique_frac"] == 12 / 32
+    patterns = [PATTERNS[["same1", "half"][int(rid[1:]) % 2]] for rid in batch.meta["id"][::N]]
+    assert batch["scores"].tolist() == [float(a == "1") for answers in patterns for a in answers]

@@ -99,6 +99,10 @@ class ClusterConfig:
     """torch intra-op threads per worker; the stages run one after another, so each may use the whole box."""
     infer_batch_size: int = 32
     """Micro-batch size for forward passes that need no gradient (log-probs, values)."""
+    placement: Literal["default", "pack", "spread", "strict_spread"] = "default"
+    """Where the workers go. `default`: wherever Ray finds their resources. The others reserve one placement-group
+    bundle per worker (all workers start together or not at all): `pack` on as few nodes as possible (colocated
+    ranks), `spread` over as many nodes as possible, `strict_spread` one node per worker."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
         if self.world_size < 1:
@@ -164,6 +168,9 @@ class RewardConfig:
     """Dynamic sampling: named group filters (schedulers/filters.py) with their parameters, applied in order; a
     dropped group's slot goes to a fresh prompt. `{std_filter: {}}` is DAPO's rule (drop groups whose rewards
     are all equal); `{mean_filter: {low: 0.1, high: 0.9}}` drops too-easy and too-hard prompts."""
+    max_prompts_factor: float | None = None
+    """This domain's redraw bound, overriding dynamic_sampling.max_prompts_factor (e.g. a domain whose groups
+    rarely pass its filters may get a lower bound, so redraws do not hold up the step)."""
     response_filters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     """Named response filters: a rejected response stays in its group but leaves the loss (sample_mask 0);
     `{truncated: {}}` masks responses cut off by max_new_tokens (DAPO's overlong filtering)."""
@@ -177,6 +184,8 @@ class RewardConfig:
             yield f"response_filters.{key}", message
         if not self.tag_included:
             yield "tag_included", "must list at least one tag"
+        if self.max_prompts_factor is not None and self.max_prompts_factor < 1:
+            yield "max_prompts_factor", f"must be >= 1 (a domain must be able to draw its share), got {self.max_prompts_factor}"
         if self.world_size < 1:
             yield "world_size", "must be >= 1"
         if self.timeout_s <= 0:

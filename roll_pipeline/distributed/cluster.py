@@ -30,6 +30,8 @@ class Cluster:
         env_vars: dict[str, str] | None = None,
         pass_rank: bool = True,
         max_concurrency: int | None = None,
+        placement: str = "default",
+        placement_timeout_s: float = 120.0,
     ) -> None:
         self.name = name
         self.world_size = world_size
@@ -39,12 +41,22 @@ class Cluster:
             options["runtime_env"] = {"env_vars": env_vars}
         if max_concurrency:
             options["max_concurrency"] = max_concurrency
-        self.workers = [
-            remote_cls.options(**options).remote(
-                **({"name": name, "rank": rank, "world_size": world_size} if pass_rank else {}), **worker_kwargs
+        self.placement_group = None
+        if placement != "default":
+            self.placement_group = reserve_bundles(name, world_size, num_cpus, num_gpus, placement, placement_timeout_s)
+        self.workers = []
+        for rank in range(world_size):
+            if self.placement_group is not None:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=rank
+                )
+            self.workers.append(
+                remote_cls.options(**options).remote(
+                    **({"name": name, "rank": rank, "world_size": world_size} if pass_rank else {}), **worker_kwargs
+                )
             )
-            for rank in range(world_size)
-        ]
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` on every worker with the same arguments; wait for and return all results."""
@@ -79,7 +91,34 @@ class Cluster:
         addr, port = self.call_rank0("address")
         self.call("set_distributed_env", addr, port)
 
+    def node_ids(self) -> list[str]:
+        """The Ray node each worker runs on, in rank order."""
+        return ray.get([w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for w in self.workers])
+
     def shutdown(self) -> None:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
+
+
+def reserve_bundles(name: str, world_size: int, num_cpus: float, num_gpus: float, placement: str, timeout_s: float):
+    """A placement group of one bundle per worker; raises a clear error if Ray cannot place it in time."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle: dict[str, float] = {"CPU": max(num_cpus, 0.01)}  # Ray refuses empty bundles
+    if num_gpus:
+        bundle["GPU"] = num_gpus
+    group = placement_group([dict(bundle) for _ in range(world_size)], strategy=placement.upper(), name=f"roll-{name}")
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise RuntimeError(
+            f"{name}: could not place {world_size} worker(s) of {bundle} with placement {placement!r} within "
+            f"{timeout_s:.0f} s; the Ray cluster has {ray.cluster_resources()} over {len(ray.nodes())} node(s)"
+        )
+    return group

@@ -1,0 +1,70 @@
+"""Clusters spread over several Ray nodes: a two-node Ray cluster on this machine (ray.cluster_utils), workers
+placed one per node by `placement: strict_spread`, and a short run that completes across them."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster as RayTestCluster
+
+from roll_pipeline.config import load_config
+from roll_pipeline.pipeline import RLVRPipeline
+from tests.conftest import EXAMPLES
+from tests.test_pipeline_integration import SMALL
+
+
+@pytest.fixture
+def two_nodes():
+    cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 4})
+    cluster.add_node(num_cpus=4)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_model, two_nodes):
+    overrides = [
+        *SMALL,
+        "max_steps=2",
+        "eval_steps=0",
+        "validation.eval_at_start=false",
+        "actor_infer.world_size=2",
+        "actor_infer.placement=strict_spread",
+        "actor_infer.torch_threads=1",
+        "actor_train.world_size=2",
+        "actor_train.placement=strict_spread",
+        "actor_train.torch_threads=1",
+        "actor_train.training_args.per_device_train_batch_size=4",
+        f"output_dir={tmp_path / 'run'}",
+        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+    ]
+    pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
+    try:
+        pipeline.setup()
+        nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        assert len(nodes) == 2
+        for cluster in (pipeline.actor_infer, pipeline.actor_train):
+            placed = cluster.node_ids()
+            assert len(set(placed)) == 2 and set(placed) == nodes, f"{cluster.name} ranks share a node: {placed}"
+        summary = pipeline.run()
+        assert summary["steps"] == 2
+        # both actor_infer ranks served generation requests
+        served = [ray.get(w.batch_sizes.remote()) for w in pipeline.actor_infer.workers]
+        assert all(sum(s) > 0 for s in served), served
+    finally:
+        pipeline.shutdown()
+
+
+@pytest.mark.slow
+def test_an_impossible_placement_fails_with_a_clear_error():
+    from roll_pipeline.distributed.cluster import reserve_bundles
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        with pytest.raises(RuntimeError, match=r"actor_infer: could not place 2 worker\(s\) .* 'strict_spread' .* over 1 node"):
+            reserve_bundles("actor_infer", 2, 1.0, 0.0, "strict_spread", timeout_s=2)
+    finally:
+        ray.shutdown()
