@@ -3,22 +3,25 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PLUGIN_EXAMPLE := tests/fixtures/roll_reward_plugin_example
 MODEL := examples/models/tiny-qwen2
 CONFIG ?= examples/math_code.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install model run test test-fast lint clean
+.PHONY: install model run test test-fast lint clean browser ui
 
 install: $(STAMP)
 
 # torch first, pinned, so pip takes the CPU wheel; DeepSpeed next without build isolation so its build sees that
-# torch instead of fetching another; then the project itself.
-$(STAMP): pyproject.toml
+# torch instead of fetching another; then the project itself, and the example reward worker plugin whose entry
+# point the tests find.
+$(STAMP): pyproject.toml $(PLUGIN_EXAMPLE)/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --no-build-isolation deepspeed==0.19.8
 	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps -e $(PLUGIN_EXAMPLE)
 	touch $(STAMP)
 
 model: install
@@ -27,11 +30,38 @@ model: install
 run: model
 	$(BIN)/roll run $(CONFIG)
 
-test: model
+test: model browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: model
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Debian's Chromium and ChromeDriver for the test that opens the MLflow UI (skipped when both are there).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; }
+
+# Debian's bubblewrap, the code_sandbox reward's isolation (skipped when `bwrap` is there). Part of `install`.
+.PHONY: sandbox-deps
+install: sandbox-deps
+sandbox-deps:
+	@command -v bwrap >/dev/null || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap; }
+
+# The tiny judge (served by `roll serve` in the llm_judge tests) and the policy of examples/multi_domain.yaml,
+# warmed up on math, code and open answers; cached like `make model`. Part of `test` and `test-fast`.
+.PHONY: judge-model
+test test-fast: judge-model
+judge-model: install
+	$(BIN)/roll model build-tiny-judge --out examples/models/tiny-qwen2-judge
+	$(BIN)/roll model build-tiny --out examples/models/tiny-qwen2-multi --train-files \
+		examples/data/math_train.jsonl examples/data/code_train.jsonl examples/data/open_train.jsonl
+
+# The MLflow UI on 127.0.0.1 for the local tracking store (MLFLOW_TRACKING_URI, else ./mlflow.db).
+ui: install
+	$(BIN)/roll ui
 
 lint: install
 	$(BIN)/ruff check .

@@ -135,6 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", default="examples/data")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_data_generate)
+
+    from roll_pipeline.tracking.commands import add_commands as add_tracking_commands
+
+    add_tracking_commands(sub)  # report, mlflow sync, ui
+
+    from roll_pipeline.reward_commands import add_commands as add_reward_commands
+
+    add_reward_commands(sub)  # rewards list, rewards score
+
+    from roll_pipeline.serve.commands import add_commands as add_serve_commands
+
+    add_serve_commands(sub, model)  # serve, model build-tiny-judge
     return parser
 
 

@@ -17,14 +17,20 @@ from typing import Any
 import ray
 import torch
 
-from roll_pipeline.algorithms import ADVANTAGES
-from roll_pipeline.algorithms.advantages import place_at_last_token
+from roll_pipeline.algorithms import ADVANTAGES, KL_CONTROLLERS
+from roll_pipeline.algorithms.advantages import place_at_last_token, postprocess_advantages
+from roll_pipeline.algorithms.kl import kl_penalty_rewards
+from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import PipelineConfig, ResolvedConfig
 from roll_pipeline.data.loading import encode_prompts, load_domain_rows
 from roll_pipeline.distributed.cluster import Cluster
+from roll_pipeline.report import log_validation_artifacts
+from roll_pipeline.tracking.metadata import run_tags
 from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
-from roll_pipeline.validation import rollout_metrics, validation_metrics
+from roll_pipeline.tracking.spool import SPOOL_DIRNAME
+from roll_pipeline.tracking.system import MemoryProbe
+from roll_pipeline.validation import answer_keys, rollout_metrics, validation_metrics
 from schedulers.dynamic_sampling import start_scheduler
 
 logger = logging.getLogger(__name__)
@@ -82,6 +88,11 @@ class RLVRPipeline:
         self.history: dict[int, dict[str, float]] = {}
         self.global_step = 0
         self.owns_ray = False
+        # Algorithm state carried from step to step (to be checkpointed with the run).
+        self.reward_moments = DomainRewardMoments()
+        self.kl_ctrl = KL_CONTROLLERS.get(self.cfg.kl_ctrl)(
+            kl_coef=self.cfg.init_kl_coef, target_kl=self.cfg.target_kl, horizon=self.cfg.kl_horizon
+        )
 
     # ------------------------------------------------------------------------------------------- set-up
 
@@ -121,7 +132,7 @@ class RLVRPipeline:
         self.actor_infer = make(
             "actor_infer", ActorInferWorker, cfg.actor_infer, max_concurrency=ActorInferWorker.MAX_CONCURRENCY
         )
-        self.reference = make("reference", ReferenceWorker, cfg.reference) if cfg.use_kl_loss else None
+        self.reference = make("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference else None
         self.critic = (
             make("critic", CriticWorker, cfg.critic, total_optimizer_steps=total_optimizer_steps(cfg, cfg.critic))
             if cfg.adv_estimator == "gae"
@@ -145,10 +156,13 @@ class RLVRPipeline:
             )
             for domain in cfg.domain_interleave_probs
         }
-        self.tracker = MlflowTracker(dataclasses.replace(cfg.tracking))
+        self.tracker = MlflowTracker(cfg.tracking, Path(cfg.output_dir) / SPOOL_DIRNAME)
         self.tracker.log_params(dataclasses.asdict(cfg))
         self.tracker.log_dict(self.resolved.to_dict(), "resolved_config.json")
-        self.tracker.set_tags({"domains": ",".join(cfg.domain_interleave_probs), "pretrain": cfg.pretrain})
+        self.tracker.set_tags({**run_tags(self.resolved, cfg.tracking.hash_inputs), "pretrain": cfg.pretrain})
+        clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.rewards.values()]
+        self.memory = MemoryProbe({c.name: c.workers for c in clusters if c is not None})
+        self.answer_keys = answer_keys({domain: r.worker for domain, r in cfg.rewards.items()})
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.output_dir) / "resolved_config.json").write_text(json.dumps(self.resolved.to_dict(), indent=2))
 
@@ -184,6 +198,9 @@ class RLVRPipeline:
             batch = self.compute_log_probs(batch)
         with timer.stage("values"):
             batch = self.compute_values(batch)
+        with timer.stage("shape_rewards"):
+            batch, shaping = self.shape_rewards(batch)
+            metrics |= shaping
         with timer.stage("advantages"):
             batch = self.compute_advantages(batch)
         with timer.stage("train"):
@@ -227,11 +244,37 @@ class RLVRPipeline:
             return batch
         return batch.update({"values": torch.cat(self.critic.dispatch("compute_values", batch))})
 
+    def shape_rewards(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Per domain: the loss-side sample masks and the shaped scores (cfg.reward_shaping), placed at each
+        response's last token; then the KL penalty on every token when add_token_level_kl is on."""
+        cfg = self.cfg
+        scores, sample_mask, metrics = shape_scores(
+            batch["scores"],
+            batch.meta["domain"],
+            batch["group_ids"],
+            batch["sample_mask"],
+            batch["response_mask"],
+            batch.meta["correct"],
+            cfg.reward_shaping,
+            self.reward_moments,
+            max_length=cfg.actor_infer.generating_args.max_new_tokens,
+        )
+        rewards = place_at_last_token(scores, batch["response_mask"])
+        if cfg.add_token_level_kl:
+            mask = batch["response_mask"] * sample_mask.unsqueeze(-1)
+            coef = self.kl_ctrl.value
+            rewards, kl = kl_penalty_rewards(
+                rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, coef, cfg.kl_penalty
+            )
+            current_kl = float(kl.sum() / sample_mask.sum().clamp(min=1.0))
+            self.kl_ctrl.update(current_kl, n_steps=len(batch))
+            metrics |= {"kl_penalty/kl": current_kl, "kl_penalty/coef": coef}
+        return batch.update({"token_level_rewards": rewards, "sample_mask": sample_mask}), metrics
+
     def compute_advantages(self, batch: Batch) -> Batch:
-        rewards = place_at_last_token(batch["scores"] * batch["sample_mask"], batch["response_mask"])
         estimator = ADVANTAGES.get(self.cfg.adv_estimator)
         advantages, returns = estimator(
-            token_level_rewards=rewards,
+            token_level_rewards=batch["token_level_rewards"],
             response_mask=batch["response_mask"],
             group_ids=batch["group_ids"],
             sample_mask=batch["sample_mask"],
@@ -239,18 +282,26 @@ class RLVRPipeline:
             gamma=self.cfg.gamma,
             lambd=self.cfg.lambd,
         )
-        return batch.update({"token_level_rewards": rewards, "advantages": advantages, "returns": returns})
+        mask = batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
+        advantages = postprocess_advantages(advantages, mask, self.cfg.whiten_advantages, self.cfg.advantage_clip)
+        return batch.update({"advantages": advantages, "returns": returns})
 
     def train(self, batch: Batch) -> dict[str, float]:
+        """The critic's and the actor's updates, side by side; during the first critic_warmup steps of a run
+        (global_step counts from 1) only the critic's."""
+        warming_up = 0 < self.global_step <= self.cfg.critic_warmup
         refs = []
         if self.critic is not None:
             refs += self.critic.call_async_dispatch("train_step", batch)
-        refs += self.actor_train.call_async_dispatch("train_step", batch)
-        results = ray.get(refs)
-        metrics: dict[str, float] = {}
-        for result in results:
+        if not warming_up:
+            refs += self.actor_train.call_async_dispatch("train_step", batch)
+        per_key: dict[str, list[float]] = {}
+        for result in ray.get(refs):  # one per rank of each cluster; a key comes from one cluster's ranks
             for k, v in result.items():
-                metrics[k] = metrics.get(k, 0.0) + v / len(results)
+                per_key.setdefault(k, []).append(v)
+        metrics = {k: sum(vs) / len(vs) for k, vs in per_key.items()}
+        if self.critic is not None:
+            metrics["critic/warmup"] = float(warming_up)
         return metrics
 
     def sync_weights(self) -> None:
@@ -264,10 +315,27 @@ class RLVRPipeline:
     # ------------------------------------------------------------------------------------------- the loop
 
     def validate(self) -> dict[str, float]:
+        """k responses per validation prompt, scored by the training reward; metrics per tag and domain
+        (roll_pipeline/validation.py names them), and the sample table and accuracy chart go to MLflow."""
         args = self.cfg.validation.generating_args
         v = self.cfg.validation
         refs = [s.validate.remote(args, v.max_prompts, v.num_samples) for s in self.schedulers.values()]
-        return validation_metrics([r for batch in ray.get(refs) for r in self._records(batch)])
+        records = []
+        for batch in ray.get(refs):
+            prompts = self.tokenizer.batch_decode(
+                [ids[m > 0] for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)],
+                skip_special_tokens=True,
+            )
+            records += [
+                r | {"prompt": p, "ground_truth": g}
+                for r, p, g in zip(self._records(batch), prompts, batch.meta["ground_truth"], strict=True)
+            ]
+        metrics = validation_metrics(records, self.answer_keys)
+        if self.tracker:
+            history = {**self.history, self.global_step: metrics}
+            rows = self.cfg.tracking.sample_rows_per_tag
+            log_validation_artifacts(self.tracker, self.global_step, records, history, rows)
+        return metrics
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
         """Train for max_steps; validate at the start, every eval_steps and at the end. Returns a summary."""
@@ -298,7 +366,8 @@ class RLVRPipeline:
         val_steps = [s for s, m in sorted(self.history.items()) if "val_correct/all/mean" in m]
 
         def accuracies(step: int) -> dict[str, float]:
-            return {k: v for k, v in self.history[step].items() if k.startswith("val_correct/")}
+            metrics = self.history[step].items()
+            return {k: v for k, v in metrics if k.startswith("val_correct/") and k.endswith("/mean")}
 
         return {
             "run_id": self.tracker.run_id if self.tracker else None,
@@ -356,6 +425,7 @@ class RLVRPipeline:
         return self.has_validation
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
+        metrics = metrics | self.memory()
         self.history[step] = metrics
         if self.tracker:
             self.tracker.log_metrics(metrics, step)
@@ -369,8 +439,10 @@ class RLVRPipeline:
         scores = batch["scores"].tolist()
         return [
             {
+                "id": batch.meta["id"][i],
                 "domain": batch.meta["domain"][i],
                 "tag": batch.meta["tag"][i],
+                "response_text": batch.meta["response_text"][i],
                 "correct": batch.meta["correct"][i],
                 "score": scores[i],
                 "masked": masked[i],

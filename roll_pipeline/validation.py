@@ -1,48 +1,200 @@
-"""Validation and rollout metrics: pure functions over per-sample records, so they are tested without a run."""
+"""Validation and rollout metrics: pure functions over per-sample records, so they are tested without a run.
+
+Validation metric names (k = validation.num_samples responses per prompt; <tag> is a data tag, <domain> a
+domain; "all" is every validation prompt of every domain):
+
+==========================================  =================================================================
+``val_correct/{all,<tag>}/mean``            accuracy over all scored samples, i.e. mean@k (ROLL's names)
+``val_correct/{all,<tag>}/pass_at_<j>``     unbiased pass@j (Chen et al. 2021), averaged over prompts, for j
+                                            = 1, 2, 4, ... below k, and k
+``val_correct/{all,<tag>}/maj_at_<k>``      majority vote over the k answers is right (only where the domain's
+                                            answers are comparable: its reward worker has an answer key)
+``val_response_length/{all,<tag>}/mean``    mean response length in tokens
+``val_truncated/{all,<tag>}/rate``          share of responses cut off by max_new_tokens
+``val_masked/{all,<tag>}/count``            samples the reward worker could not score (left out of accuracies)
+``val_prompts/{all,<tag>}/count``           validation prompts
+``val_domain/<domain>/<name>``              the same per domain: correct_mean, pass_at_<j>, maj_at_<k>,
+                                            response_length_mean, truncated_rate, masked_count, prompts
+==========================================  =================================================================
+
+A tag is written into metric names with every character MLflow does not allow (and "/") replaced by "_"; the
+tag "all" is reserved.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
+
+from roll_pipeline.algorithms.registry import Registry
+
+AnswerKey = Callable[[str], Hashable | None]
+"""Maps a response to the answer it states, in a form where equal answers compare equal; None: no answer."""
+
+ANSWER_KEYS = Registry("answer key")
+register_answer_key = ANSWER_KEYS.register
+"""`@register_answer_key("<reward worker>")`: maj@k for the domains that reward worker scores."""
+
+
+@register_answer_key("math_rule")
+def math_answer_key(response: str) -> Hashable | None:
+    """The answer math_rule would grade (its own `extract_answer`): plain numbers by value, so "57", "57.0"
+    and "57." are one vote; anything else (LaTeX, expressions) by its stripped text."""
+    from workers.rewards.math_rule import extract_answer, parse_number
+
+    answer = extract_answer(response or "")
+    if answer is None:
+        return None
+    number = parse_number(answer)
+    return number if number is not None else answer.strip()
+
+
+def answer_keys(workers: Mapping[str, str]) -> dict[str, AnswerKey | None]:
+    """domain -> its reward worker's answer key; None where the worker has none (then no maj@k)."""
+    names = set(ANSWER_KEYS.names())
+    return {
+        domain: ANSWER_KEYS.get(worker) if worker in names else None for domain, worker in workers.items()
+    }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, eq.
+    1), as a running product so large n does not overflow."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def pass_ks(k: int) -> list[int]:
+    """The j of the reported pass@j: powers of two below k, and k."""
+    return sorted({2**i for i in range(k.bit_length()) if 2**i < k} | {k})
+
+
+def majority_correct(votes: Sequence[tuple[Hashable | None, bool]]) -> float:
+    """Whether the most frequent answer is correct, from (answer, correct) per scored sample.
+
+    Samples without an answer do not vote. A tie between answers scores the mean over the tied answers (each
+    answer's correctness is the mean over the samples that gave it), so the result does not depend on order.
+    No vote at all scores 0."""
+    counts = Counter(a for a, _ in votes if a is not None)
+    if not counts:
+        return 0.0
+    top = max(counts.values())
+    tied = [a for a, n in counts.items() if n == top]
+    per_answer = [_mean([1.0 if ok else 0.0 for a, ok in votes if a == answer]) for answer in tied]
+    return sum(per_answer) / len(per_answer)
+
+
+_UNSAFE = re.compile(r"[^\w.\- ]")
+
+
+def metric_name_part(tag: str) -> str:
+    """A tag as it appears in metric names: characters MLflow rejects, and "/", become "_"."""
+    return _UNSAFE.sub("_", str(tag))
 
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def validation_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Accuracy overall, per tag and per domain, plus length and truncation, from per-sample records.
+def _scope_metrics(
+    groups: list[list[Mapping[str, Any]]], ks: list[int], keys: list[AnswerKey | None]
+) -> dict[str, float]:
+    """Metrics over the prompt groups of one scope (all, a tag or a domain); `keys` holds each group's answer
+    key, and maj@k is only computed when every group has one."""
+    samples = [r for g in groups for r in g]
+    scored = [r for r in samples if r["correct"] is not None]
+    out = {"mean": _mean([1.0 if r["correct"] else 0.0 for r in scored])}
+    for j in ks:
+        per_prompt = []
+        for g in groups:
+            marks = [bool(r["correct"]) for r in g if r["correct"] is not None]
+            if len(marks) >= j:
+                per_prompt.append(pass_at_k(len(marks), sum(marks), j))
+        out[f"pass_at_{j}"] = _mean(per_prompt)
+    if groups and all(key is not None for key in keys):
+        out[f"maj_at_{ks[-1]}"] = _mean(
+            [
+                majority_correct(
+                    [(key(r["response_text"]), bool(r["correct"])) for r in g if r["correct"] is not None]
+                )
+                for g, key in zip(groups, keys, strict=True)
+                if any(r["correct"] is not None for r in g)
+            ]
+        )
+    out["response_length"] = _mean([float(r["response_length"]) for r in samples])
+    out["truncated"] = _mean([1.0 if r["finish_reason"] == "length" else 0.0 for r in samples])
+    out["masked"] = float(len(samples) - len(scored))
+    out["prompts"] = float(len(groups))
+    return out
 
-    Each record has `domain`, `tag`, `correct` (bool, or None when the sample could not be scored),
-    `response_length` (tokens) and `finish_reason`. Unscored samples are left out of the accuracies and counted
-    in `val/masked_count`. Names follow ROLL: val_correct/all/mean and val_correct/<tag>/mean.
+
+def validation_metrics(
+    records: Iterable[Mapping[str, Any]], answer_keys: Mapping[str, AnswerKey | None] | None = None
+) -> dict[str, float]:
+    """Validation metrics overall, per tag and per domain (names in the module docstring).
+
+    Each record is one response: `domain`, `tag`, `id` (the prompt; a prompt's k responses share it),
+    `correct` (bool, or None when the sample could not be scored), `response_text`, `response_length` (tokens)
+    and `finish_reason`. `answer_keys` maps a domain to its answer key for maj@k (see `answer_keys()`); a
+    domain missing from it gets no maj@k. Unscored samples are left out of every accuracy and counted as
+    masked.
     """
-    records = list(records)
-    by_tag: dict[str, list[float]] = defaultdict(list)
-    by_domain: dict[str, list[float]] = defaultdict(list)
-    overall: list[float] = []
+    keys = dict(answer_keys or {})
+    groups: dict[tuple[str, Any], list[Mapping[str, Any]]] = defaultdict(list)
     for r in records:
-        if r["correct"] is None:
-            continue
-        c = 1.0 if r["correct"] else 0.0
-        overall.append(c)
-        by_tag[r["tag"]].append(c)
-        by_domain[r["domain"]].append(c)
-    metrics = {"val_correct/all/mean": _mean(overall)}
-    metrics |= {f"val_correct/{tag}/mean": _mean(v) for tag, v in sorted(by_tag.items())}
-    metrics |= {f"val/{domain}/correct_mean": _mean(v) for domain, v in sorted(by_domain.items())}
-    metrics["val/response_length/mean"] = _mean([float(r["response_length"]) for r in records])
-    metrics["val/truncation_rate"] = _mean([1.0 if r["finish_reason"] == "length" else 0.0 for r in records])
-    metrics["val/masked_count"] = float(sum(r["correct"] is None for r in records))
-    metrics["val/num_samples"] = float(len(records))
+        groups[(r["domain"], r["id"])].append(r)
+    by_tag: dict[str, list[tuple[str, Any]]] = defaultdict(list)
+    by_domain: dict[str, list[tuple[str, Any]]] = defaultdict(list)
+    names: dict[str, str] = {}
+    for gid, g in groups.items():
+        tag = g[0]["tag"]
+        name = metric_name_part(tag)
+        if name == "all":
+            raise ValueError(
+                "the tag 'all' is reserved for the overall validation metrics; rename it in the data"
+            )
+        if names.setdefault(name, tag) != tag:
+            raise ValueError(f"tags {names[name]!r} and {tag!r} give the same metric name {name!r}")
+        by_tag[name].append(gid)
+        by_domain[gid[0]].append(gid)
+    k = max((len(g) for g in groups.values()), default=1)
+    ks = pass_ks(k)
+
+    def scope(gids: list[tuple[str, Any]]) -> dict[str, float]:
+        return _scope_metrics([groups[g] for g in gids], ks, [keys.get(g[0]) for g in gids])
+
+    metrics: dict[str, float] = {}
+    for name, gids in [("all", list(groups)), *sorted(by_tag.items())]:
+        m = scope(gids)
+        metrics |= {f"val_correct/{name}/{key}": v for key, v in m.items() if key == "mean" or "_at_" in key}
+        metrics[f"val_response_length/{name}/mean"] = m["response_length"]
+        metrics[f"val_truncated/{name}/rate"] = m["truncated"]
+        metrics[f"val_masked/{name}/count"] = m["masked"]
+        metrics[f"val_prompts/{name}/count"] = m["prompts"]
+    for domain, gids in sorted(by_domain.items()):
+        m = scope(gids)
+        renamed = {
+            "mean": "correct_mean",
+            "response_length": "response_length_mean",
+            "truncated": "truncated_rate",
+            "masked": "masked_count",
+        }
+        metrics |= {
+            f"val_domain/{metric_name_part(domain)}/{renamed.get(key, key)}": v for key, v in m.items()
+        }
     return metrics
 
 
 def rollout_metrics(domain: str, records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Per-domain training-batch metrics: reward mean (`score`) and std over scored samples, accuracy
-    (`correct`), the masked count, response lengths and the truncation rate. The names match the reward worker's
-    own `domain_metrics`, which adds the mask reasons and the scorer's extra metrics."""
+    (`correct`), the masked count, response lengths and the truncation rate. The names match the reward
+    worker's own `domain_metrics`, which adds the mask reasons and the scorer's extra metrics."""
     records = list(records)
     scored = [float(r["score"]) for r in records if not r["masked"]]
     correct = [1.0 if r["correct"] else 0.0 for r in records if not r["masked"]]

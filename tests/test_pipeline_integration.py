@@ -68,8 +68,9 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         assert batch["group_ids"].tolist() == [g for g in range(4) for _ in range(4)]
         batch = pipeline.compute_log_probs(batch)
         batch = pipeline.compute_values(batch)
+        batch, _ = pipeline.shape_rewards(batch)
         batch = pipeline.compute_advantages(batch)
-        for key in ("old_log_probs", "ref_log_probs", "values", "advantages", "returns"):
+        for key in ("old_log_probs", "ref_log_probs", "values", "token_level_rewards", "advantages", "returns"):
             assert batch[key].shape == batch["response_ids"].shape, key
         # actor and reference start from the same weights: their log-probs agree before any update
         assert torch.allclose(batch["old_log_probs"], batch["ref_log_probs"], atol=1e-4)

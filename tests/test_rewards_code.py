@@ -1,139 +1,64 @@
-"""The code_sandbox scorer: real subprocesses, short timeouts."""
+"""The code_sandbox scorer: test formats, judging rules, options, the isolation check, and 54 real tasks.
+
+Hostile programs are in test_code_sandbox_hostile.py, remote mode in test_code_sandbox_remote.py.
+"""
 
 from __future__ import annotations
 
 import json
-import time
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
 
 import pytest
 
-from workers.rewards.code_sandbox import CodeSandboxScorer, extract_code, parse_test_cases
+from workers.rewards import code_sandbox
+from workers.rewards.code_sandbox import CodeSandboxScorer
+from workers.rewards.sandbox.formats import (
+    AssertTests,
+    CallTests,
+    StdioTests,
+    extract_code,
+    parse_test_cases,
+    split_assert,
+)
+from workers.rewards.sandbox.judge import (
+    judge_asserts,
+    judge_calls,
+    judge_stdio,
+    stdout_matches,
+    values_match,
+)
+from workers.rewards.sandbox.layers import LAYERS, IsolationUnavailable
+from workers.rewards.sandbox.process import EXITED, TIMEOUT, RunOutput
 
-TESTS = json.dumps({"asserts": ["assert square(2) == 4", "assert square(3) == 9", "assert square(-1) == 1"]})
-CORRECT = "def square(x):\n    return x * x\n"
+TASKS = [json.loads(line) for line in (Path(__file__).parent / "fixtures" / "code_tasks.jsonl").open()]
+SQUARE_TESTS = json.dumps(
+    {"asserts": ["assert square(2) == 4", "assert square(3) == 9", "assert square(-1) == 1"]}
+)
+SQUARE = "def square(x):\n    return x * x\n"
+
+
+def failure(result) -> str | None:
+    """The first failure kind a result's metrics mark, or None."""
+    kinds = [k for k, v in result.metrics.items() if k != "pass_rate" and v == 1.0]
+    assert len(kinds) <= 1
+    return kinds[0] if kinds else None
 
 
 @pytest.fixture(scope="module")
-def scorer() -> CodeSandboxScorer:
-    return CodeSandboxScorer(timeout_s=2.0)
+def scorer():
+    try:
+        scorer = CodeSandboxScorer(timeout_s=2.0)
+    except IsolationUnavailable as err:
+        pytest.skip(f"this host cannot isolate the sandbox: {err}")
+    yield scorer
+    scorer.close()
 
 
-def metrics(pass_rate, syntax_error=0.0, timeout=0.0, runtime_error=0.0):
-    return {
-        "pass_rate": pass_rate,
-        "syntax_error": syntax_error,
-        "timeout": timeout,
-        "runtime_error": runtime_error,
-    }
-
-
-def test_correct_solution(scorer):
-    result = scorer.score(CORRECT, "", test_cases=TESTS)
-    assert (result.score, result.correct, result.metrics) == (1.0, True, metrics(1.0))
-
-
-def test_wrong_answer_scores_the_fraction_passed(scorer):
-    result = scorer.score("def square(x):\n    return x + x\n", "", test_cases=TESTS)
-    assert result.score == pytest.approx(1 / 3)
-    assert not result.correct
-    assert result.metrics == metrics(pytest.approx(1 / 3))
-
-
-def test_all_or_nothing_mode():
-    scorer = CodeSandboxScorer(timeout_s=2.0, reward_mode="all_or_nothing")
-    assert scorer.score("def square(x):\n    return x + x\n", "", test_cases=TESTS).score == 0.0
-    assert scorer.score(CORRECT, "", test_cases=TESTS).score == 1.0
-
-
-def test_syntax_error(scorer):
-    result = scorer.score("def square(x) return x * x", "", test_cases=TESTS)
-    assert (result.score, result.correct, result.metrics) == (0.0, False, metrics(0.0, syntax_error=1.0))
-
-
-def test_runtime_error_in_a_test_is_counted(scorer):
-    code = "def square(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x * x\n"
-    result = scorer.score(code, "", test_cases=TESTS)
-    assert result.score == pytest.approx(2 / 3)
-    assert result.metrics["runtime_error"] == 1.0
-
-
-def test_infinite_loop_is_killed_at_the_timeout():
-    scorer = CodeSandboxScorer(timeout_s=1.0)
-    start = time.monotonic()
-    result = scorer.score("def square(x):\n    while True:\n        pass\n", "", test_cases=TESTS)
-    assert time.monotonic() - start < 3.0
-    assert (result.score, result.metrics) == (0.0, metrics(0.0, timeout=1.0))
-
-
-def test_endless_output_is_bounded_and_times_out():
-    scorer = CodeSandboxScorer(timeout_s=1.0)
-    result = scorer.score("while True:\n    print('x' * 10000)\n", "", test_cases=TESTS)
-    assert result.metrics["timeout"] == 1.0
-
-
-@pytest.mark.parametrize(
-    "code",
-    [
-        "import os\nwhile True:\n    os.fork()\n",
-        "import os\ndef square(x):\n    os.fork()\n    return x * x\n",
-        "import subprocess\nsubprocess.run(['sh', '-c', ':(){ :|:& };:'])\ndef square(x):\n    return x * x\n",
-        "import os\nos.system('yes > /dev/null')\ndef square(x):\n    return x * x\n",
-        "x = bytearray(4 * 1024 ** 3)\ndef square(x):\n    return x * x\n",
-    ],
-    ids=["fork-bomb", "fork-in-function", "subprocess", "os-system", "memory"],
-)
-def test_process_and_memory_exhaustion_is_refused(scorer, code):
-    start = time.monotonic()
-    result = scorer.score(code, "", test_cases=TESTS)
-    assert time.monotonic() - start < 2.0
-    assert result.score == 0.0
-    assert result.metrics["runtime_error"] == 1.0
-
-
-def test_resource_limits_are_applied(scorer):
-    code = "import resource\n"
-    asserts = [
-        "assert resource.getrlimit(resource.RLIMIT_AS)[0] == 512 * 1024 * 1024",
-        "assert resource.getrlimit(resource.RLIMIT_NPROC)[0] == 0",
-        "assert 0 < resource.getrlimit(resource.RLIMIT_CPU)[0] <= 4",
-        "assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] > 0",
-        "import os\nassert 'PATH' not in os.environ and 'HOME' not in os.environ",
-        "import sys\nassert sys.stdin is None or sys.stdin.read() == ''",
-    ]
-    result = scorer.score(code, "", test_cases=json.dumps({"asserts": asserts}))
-    assert result.metrics == metrics(1.0)
-
-
-def test_solution_cannot_see_the_payload(scorer):
-    code = "import os\nFILES = os.listdir('.')\n"
-    result = scorer.score(code, "", test_cases=json.dumps({"asserts": ["assert FILES == []"]}))
-    assert result.correct
-
-
-def test_fake_summary_line_does_not_pass(scorer):
-    fake = json.dumps({"syntax_error": False, "runtime_error": False, "passed": [True, True, True]})
-    code = (
-        "import os, sys\n"
-        f"for marker in ('', '@@roll-sandbox-result:' + '0' * 32 + '@@'):\n"
-        f"    print(marker + {fake!r})\n"
-        "sys.stdout.flush()\n"
-        "os._exit(0)\n"
-    )
-    result = scorer.score(code, "", test_cases=TESTS)
-    assert (result.score, result.correct) == (0.0, False)
-
-
-def test_early_exit_does_not_pass(scorer):
-    result = scorer.score("import sys\nsys.exit(0)\n", "", test_cases=TESTS)
-    assert (result.score, result.metrics["runtime_error"]) == (0.0, 1.0)
-
-
-def test_fenced_code_is_extracted(scorer):
-    response = (
-        "Here is my solution:\n\n```python\ndef square(x):\n    return x * x\n```\n\n"
-        "It multiplies x by itself, e.g. `square(3)` is 9."
-    )
-    assert scorer.score(response, "", test_cases=TESTS).correct
+# ---- formats ----
 
 
 @pytest.mark.parametrize(
@@ -150,17 +75,278 @@ def test_extract_code(response, code):
     assert extract_code(response) == code
 
 
+def test_parse_the_three_formats():
+    asserts = parse_test_cases({"asserts": ["assert f(2) == 4"]})
+    calls = parse_test_cases('{"fn_name": "f", "inputs": [[2], [3]], "outputs": [4, 9]}')
+    stdio = parse_test_cases('{"inputs": ["1 2\\n"], "outputs": ["3\\n"]}')
+    assert isinstance(asserts, AssertTests) and len(asserts.tests) == 1
+    assert calls == CallTests("f", ("[2]", "[3]"), (4, 9))
+    assert stdio == StdioTests(("1 2\n",), ("3\n",))
+
+
+@pytest.mark.parametrize(
+    ("test_cases", "message"),
+    [
+        ("not json", "not JSON"),
+        ("[]", "JSON object"),
+        ('{"asserts": []}', "non-empty list"),
+        ('{"asserts": [1]}', "non-empty list"),
+        ('{"asserts": ["assert ("]}', "not valid Python"),
+        ("{}", "needs"),
+        ('{"inputs": ["1"], "outputs": []}', "1 inputs but 0 outputs"),
+        ('{"fn_name": "f x", "inputs": [[1]], "outputs": [1]}', "identifier"),
+        ('{"fn_name": "f", "inputs": [1], "outputs": [1]}', "list of arguments"),
+        ('{"inputs": [1], "outputs": ["1"]}', "must be strings"),
+    ],
+)
+def test_invalid_test_cases_are_named(test_cases, message):
+    with pytest.raises(ValueError, match=message):
+        parse_test_cases(test_cases)
+
+
+@pytest.mark.parametrize(
+    ("source", "probes"),
+    [
+        ("assert f(2) == 4", ["f(2)"]),
+        ("assert f([1, 2]) == [2, 1]", ["f([1, 2])"]),
+        ("assert not is_prime(8)", ["is_prime(8)"]),
+        ("import math\nassert math.isclose(g(1), 0.5, rel_tol=1e-3)", ["g(1)"]),
+        ("assert abs(mean(xs) - 2.5) < 1e-9", ["mean(xs)"]),
+        ("assert sorted(f(3)) == [1, 2, 3] and len(f(3)) == 3", ["f(3)", "f(3)"]),
+        ("assert isinstance(f(0), (list, tuple))", ["f(0)"]),
+        ("assert f(1)[0] == 'x'", ["f(1)[0]"]),
+        ("assert sorted(f(3), key=lambda t: -t) == [3, 2]", ["sorted(f(3), key=lambda t: -t)"]),
+        ("assert f(2) == expected", ["f(2)", "expected"]),
+    ],
+)
+def test_split_assert_keeps_literals_outside(source, probes):
+    test = split_assert(source)
+    sent = [p for step in test.steps for p in step.get("eval", [])]
+    assert sent == probes
+
+
+def test_expected_literals_never_go_into_the_job():
+    test = split_assert("x = [5, 6]\nassert f(x) == 'expected-99'\nassert g() == 123456789")
+    assert test.steps[0] == {"exec": "x = [5, 6]"}
+    text = json.dumps(test.steps)
+    assert "expected-99" not in text and "123456789" not in text
+
+
+# ---- judging rules (pure) ----
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "match"),
+    [
+        (4, 4, True),
+        (4.0000001, 4, True),
+        (4, 4.0, True),
+        (5, 4, False),
+        (True, 1, False),
+        (1, True, False),
+        ((1, 2), [1, 2], True),
+        ([1, [2, 3.0000000001]], [1, [2, 3]], True),
+        ([1, 2], [1, 2, 3], False),
+        ({"a": 1}, {"a": 1}, True),
+        ({1: 1}, {"1": 1}, False),
+        ("a", "a", True),
+        (None, None, True),
+        (0, None, False),
+        (float("nan"), 1.0, False),
+        (10**18 + 1, 10**18, False),
+        ({1, 2}, [1, 2], False),
+    ],
+)
+def test_values_match(actual, expected, match):
+    assert values_match(actual, expected, 1e-6) is match
+
+
+@pytest.mark.parametrize(
+    ("got", "want", "match"),
+    [
+        ("3\n", "3\n", True),
+        ("3", "3\n", True),
+        ("3   \n\n\n", "3\n", True),
+        ("1  2\n", "1 2\n", True),
+        ("0.3333333\n", "0.333333333\n", True),
+        ("0.34\n", "0.333333333\n", False),
+        ("1000000000000000001\n", "1000000000000000000\n", False),
+        (" 3\n", "3\n", True),
+        ("3\n4\n", "3\n", False),
+        ("yes\n", "YES\n", False),
+        ("", "\n", True),
+    ],
+)
+def test_stdout_matches(got, want, match):
+    assert stdout_matches(got, want, 1e-6) is match
+
+
+def calls_output(*events, status=EXITED):
+    return RunOutput(status=status, events=list(events), exit_code=0)
+
+
+def test_judge_calls_from_reports():
+    suite = CallTests("f", ("[1]", "[2]", "[3]", "[4]", "[5]"), (1, 2, 3, 4, 5))
+    output = calls_output(
+        {"t": 0, "v": 1},
+        {"t": 1, "v": 7},
+        {"t": 2, "e": "MemoryError"},
+        {"t": 3, "v": 4},
+        {"t": 3, "v": 4},
+        status=TIMEOUT,
+    )
+    assert judge_calls(suite, output, 1e-6) == [
+        "passed",
+        "wrong_answer",
+        "memory_limit",
+        "wrong_answer",
+        "timeout",
+    ]
+
+
+def test_judge_calls_module_failures():
+    suite = CallTests("f", ("[1]",), (1,))
+    assert judge_calls(suite, calls_output({"ev": "syntax_error"}), 1e-6) == ["syntax_error"]
+    assert judge_calls(suite, calls_output({"ev": "module_error", "error": "SystemExit"}), 1e-6) == [
+        "runtime_error"
+    ]
+    assert judge_calls(suite, calls_output({"t": 0, "v": {"__t": "weird", "v": []}}), 1e-6) == [
+        "wrong_answer"
+    ]
+
+
+def test_judge_asserts_applies_the_comparison_outside():
+    suite = parse_test_cases({"asserts": ["assert f(2) == 4", "assert not g()", "assert len(h()) == 2"]})
+    output = calls_output(
+        {"t": 0, "p": [{"v": 4}]},
+        {"t": 1, "p": [{"v": {"__t": "tuple", "v": []}}]},
+        {"t": 2, "p": [{"v": 17}]},
+    )
+    assert judge_asserts(suite, output) == ["passed", "passed", "wrong_answer"]
+    # A report that claims a verdict instead of values passes nothing.
+    forged = calls_output({"t": 0, "p": [{"passed": True}]}, {"t": 1, "ok": True}, {"t": 2, "p": []})
+    assert judge_asserts(suite, forged) == ["runtime_error", "runtime_error", "runtime_error"]
+
+
+def test_judge_stdio_needs_a_clean_end():
+    ok = {"ev": "exit", "ok": True, "error": None}
+    assert judge_stdio("3\n", RunOutput(EXITED, stdout=b"3\n", events=[ok], exit_code=0), 1e-6) == "passed"
+    crashed = {"ev": "exit", "ok": False, "error": "ValueError"}
+    assert judge_stdio("3\n", RunOutput(EXITED, stdout=b"3\n", events=[crashed], exit_code=0), 1e-6) == (
+        "runtime_error"
+    )
+    assert judge_stdio("3\n", RunOutput(EXITED, stdout=b"3\n", events=[ok, crashed], exit_code=0), 1e-6) == (
+        "runtime_error"
+    )
+    assert judge_stdio("3\n", RunOutput(EXITED, stdout=b"3\n", exit_code=0), 1e-6) == "passed"
+    assert judge_stdio("3\n", RunOutput(EXITED, stdout=b"3\n", exit_code=137), 1e-6) == "runtime_error"
+    assert judge_stdio("3\n", RunOutput(TIMEOUT, stdout=b"3\n"), 1e-6) == "timeout"
+
+
+# ---- the scorer, on real sandboxes ----
+
+
+def test_correct_solution(scorer):
+    result = scorer.score(SQUARE, "", test_cases=SQUARE_TESTS)
+    assert (result.score, result.correct, failure(result)) == (1.0, True, None)
+    assert result.metrics["pass_rate"] == 1.0
+
+
+def test_wrong_answer_scores_the_fraction_passed(scorer):
+    result = scorer.score("def square(x):\n    return x + x\n", "", test_cases=SQUARE_TESTS)
+    assert result.score == pytest.approx(1 / 3)
+    assert (result.correct, failure(result)) == (False, "wrong_answer")
+
+
+def test_all_or_nothing_mode(scorer):
+    strict = CodeSandboxScorer(timeout_s=2.0, reward_mode="all_or_nothing", pool_size=1, concurrency=1)
+    try:
+        assert strict.score("def square(x):\n    return x + x\n", "", test_cases=SQUARE_TESTS).score == 0.0
+        assert strict.score(SQUARE, "", test_cases=SQUARE_TESTS).score == 1.0
+    finally:
+        strict.close()
+
+
+def test_syntax_error(scorer):
+    result = scorer.score("def square(x) return x * x", "", test_cases=SQUARE_TESTS)
+    assert (result.score, failure(result)) == (0.0, "syntax_error")
+
+
+def test_runtime_error_in_one_test(scorer):
+    code = "def square(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x * x\n"
+    result = scorer.score(code, "", test_cases=SQUARE_TESTS)
+    assert result.score == pytest.approx(2 / 3)
+    assert failure(result) == "runtime_error"
+
+
+def test_call_based_with_solution_class_and_tolerance(scorer):
+    tests = json.dumps({"fn_name": "area", "inputs": [[1], [2]], "outputs": [3.14159265, 12.5663706]})
+    code = "import math\nclass Solution:\n    def area(self, r):\n        return math.pi * r * r\n"
+    assert scorer.score(code, "", test_cases=tests).correct
+    result = scorer.score("def area(r):\n    return 3 * r * r\n", "", test_cases=tests)
+    assert (result.score, failure(result)) == (0.0, "wrong_answer")
+
+
+def test_stdin_stdout(scorer):
+    tests = json.dumps({"inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]})
+    code = "a, b = map(int, input().split())\nprint(a + b)\n"
+    assert scorer.score(f"Here:\n```python\n{code}```", "", test_cases=tests).correct
+    result = scorer.score("print(3)\n", "", test_cases=tests)
+    assert (result.score, failure(result)) == (0.5, "wrong_answer")
+
+
+def test_tests_can_come_as_the_ground_truth(scorer):
+    # `roll rewards score code_sandbox --response @solution.py --ground-truth @tests.json`
+    assert scorer.score(SQUARE, SQUARE_TESTS).correct
+
+
+def test_limits_are_applied_inside(scorer):
+    asserts = [
+        "import resource\nassert resource.getrlimit(resource.RLIMIT_AS)[0] == 512 * 1024 * 1024",
+        "import resource\nassert resource.getrlimit(resource.RLIMIT_NPROC)[0] == 16",
+        "import resource\nassert resource.getrlimit(resource.RLIMIT_CPU)[0] == 3",
+        "import resource\nassert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == 16 * 1024 * 1024",
+        "import resource\nassert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 64",
+        "import os\nassert dict(os.environ) == {}",
+        "import sys\nassert sys.stdin.read() == ''",
+        "import os\nassert os.getcwd() == '/tmp' and os.listdir('.') == []",
+    ]
+    result = scorer.score("", "", test_cases=json.dumps({"asserts": asserts}))
+    assert result.metrics["pass_rate"] == 1.0
+
+
 @pytest.mark.parametrize(
     "test_cases", [None, "", "not json", "[]", '{"asserts": []}', '{"asserts": [1]}', "{}"]
 )
 def test_missing_or_invalid_test_cases_is_not_applicable(scorer, test_cases, caplog):
     fields = {} if test_cases is None else {"test_cases": test_cases}
-    assert scorer.score(CORRECT, "", id="sample-7", **fields) is None
+    assert scorer.score(SQUARE, "def square(x): return x*x", id="sample-7", **fields) is None
     assert "test_cases" in caplog.text and "sample-7" in caplog.text
 
 
-def test_parse_test_cases_accepts_a_decoded_dict():
-    assert parse_test_cases({"asserts": ["assert True"]}) == ["assert True"]
+def test_concurrent_scoring_from_threads(scorer):
+    results = {}
+
+    def work(i):
+        code = SQUARE if i % 2 else "def square(x):\n    return x + x\n"
+        results[i] = scorer.score(code, "", test_cases=SQUARE_TESTS).score
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: 1.0 if i % 2 else pytest.approx(1 / 3) for i in range(8)}
+
+
+def test_scorer_survives_pickling_and_rebuilds_its_pool(scorer):
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(scorer))
+    try:
+        assert copy.score(SQUARE, "", test_cases=SQUARE_TESTS).correct
+    finally:
+        copy.close()
 
 
 @pytest.mark.parametrize(
@@ -170,8 +356,97 @@ def test_parse_test_cases_accepts_a_decoded_dict():
         ({"reward_mode": "best_of"}, ValueError, "reward_mode"),
         ({"timeout_s": 0}, ValueError, "timeout_s"),
         ({"memory_mb": 1}, ValueError, "memory_mb"),
+        ({"concurrency": 0}, ValueError, "concurrency"),
+        ({"backend": "docker"}, ValueError, "backend"),
+        ({"backend": "remote"}, ValueError, "remote_url"),
+        ({"allow_missing_layers": ["seccomp"]}, ValueError, "unknown layers"),
     ],
 )
 def test_bad_options_are_named(options, error, match):
     with pytest.raises(error, match=match):
         CodeSandboxScorer(**options)
+
+
+# ---- the isolation check at start-up ----
+
+
+def test_the_probe_sees_every_layer_on_this_host(scorer):
+    assert scorer.layers.missing == []
+    assert scorer.spec.bwrap is not None
+
+
+def test_refuses_without_bubblewrap_and_names_what_is_missing(monkeypatch):
+    monkeypatch.setattr(code_sandbox, "find_bwrap", lambda: None)
+    with pytest.raises(IsolationUnavailable) as info:
+        CodeSandboxScorer()
+    message = str(info.value)
+    for layer in ("bubblewrap", "pid_namespace", "network_namespace", "ipc_namespace", "mount_namespace"):
+        assert layer in message
+    assert "allow_missing_layers" in message and "no `bwrap` on PATH" in message
+
+
+def test_explicit_opt_out_runs_without_bubblewrap(monkeypatch):
+    monkeypatch.setattr(code_sandbox, "find_bwrap", lambda: None)
+    weaker = ["bubblewrap", "pid_namespace", "network_namespace", "ipc_namespace", "mount_namespace"]
+    scorer = CodeSandboxScorer(timeout_s=2.0, allow_missing_layers=weaker, concurrency=1)
+    try:
+        assert scorer.spec.bwrap is None
+        assert sorted(scorer.layers.missing) == sorted(weaker)
+        assert scorer.score(SQUARE, "", test_cases=SQUARE_TESTS).correct
+        assert scorer.score("def square(x):\n    return 0\n", "", test_cases=SQUARE_TESTS).score == 0.0
+    finally:
+        scorer.close()
+
+
+def test_refuses_when_bubblewrap_cannot_start(monkeypatch):
+    # A bwrap that fails the way it does where user namespaces are disabled; world-readable, so that the
+    # sandbox user can run it.
+    directory = Path(tempfile.mkdtemp(prefix="roll-fake-bwrap-"))
+    try:
+        directory.chmod(0o755)
+        fake = directory / "bwrap"
+        fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+        fake.chmod(0o755)
+        monkeypatch.setattr(code_sandbox, "find_bwrap", lambda: str(fake))
+        with pytest.raises(IsolationUnavailable) as info:
+            CodeSandboxScorer()
+    finally:
+        shutil.rmtree(directory)
+    message = str(info.value)
+    assert "bubblewrap:" in message and "mount_namespace:" in message
+    assert "No permissions to create new namespace" in message
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only a root worker has to switch to another user")
+def test_root_worker_without_a_sandbox_user_is_refused():
+    with pytest.raises(IsolationUnavailable, match="unprivileged_user"):
+        CodeSandboxScorer(sandbox_user="no-such-user-here")
+
+
+def test_every_layer_is_documented():
+    assert set(LAYERS) == {
+        "bubblewrap",
+        "unprivileged_user",
+        "pid_namespace",
+        "network_namespace",
+        "ipc_namespace",
+        "mount_namespace",
+        "empty_environment",
+    }
+
+
+# ---- real tasks ----
+
+
+@pytest.mark.parametrize("task", TASKS, ids=[t["id"] for t in TASKS])
+def test_real_task_canonical_scores_1_and_broken_below_1(scorer, task):
+    canonical = scorer.score(task["solution"], "", test_cases=task["test_cases"])
+    assert (canonical.score, canonical.correct) == (1.0, True), canonical
+    broken = scorer.score(task["broken"], "", test_cases=task["test_cases"])
+    assert broken.score < 1.0 and not broken.correct
+
+
+def test_fixture_covers_all_three_formats():
+    formats = [t["format"] for t in TASKS]
+    assert len(TASKS) >= 50
+    assert {f: formats.count(f) for f in set(formats)} == {"asserts": 18, "call": 18, "stdio": 18}

@@ -7,47 +7,119 @@ import threading
 import pytest
 
 from workers.rewards.base import RewardResult
-from workers.rewards.math_rule import MathRuleScorer, extract_answer, parse_number
+from workers.rewards.math_rule import (
+    MathRuleScorer,
+    after_thinking,
+    answers_match,
+    extract_answer,
+    find_answer,
+    length_penalty,
+    normalize_answer,
+    parse_number,
+    thinking_well_formed,
+)
 
-# (response, ground truth, expected correct, expected answer_found)
+# (response, ground truth, expected correct, expected answer_found). The first block holds the cases users of
+# other frameworks reported as wrongly scored.
 CASES = [
-    # short answers
-    ("57", "57", True, True),
-    ("57.0", "57", True, True),
-    ("58", "57", False, True),
-    ("1,234", "1234", True, True),
-    ("-3", "-3", True, True),
-    ("3", "-3", False, True),
-    # sentences
-    ("The answer is 57.", "57", True, True),
+    # reported as wrongly scored elsewhere
+    ("So the probability is $\\boxed{\\frac{1}{2}}$.", "0.5", True, True),
+    ("The probability is \\boxed{0.5}.", "\\frac{1}{2}", True, True),
+    ("Solving the linear equation gives \\boxed{x = 3}.", "3", True, True),
+    ("Subtracting 4 from both sides, the answer is x = 3.", "3", True, True),
+    ("Dividing both sides by 2: x = 3", "3", True, True),
+    ("\\boxed{3.0}", "3", True, True),
+    ("The answer is 3.0", "3", True, True),
+    ("\\boxed{3}", "3.00", True, True),
+    ("The perimeter is \\boxed{12 \\text{ cm}}.", "12", True, True),
+    ("The perimeter is \\boxed{\\text{12 cm}}.", "12", True, True),
+    ("She spent 5 dollars. The answer is 5 dollars.", "5", True, True),
+    ("The angle measures \\boxed{90^\\circ}.", "90", True, True),
+    ("So the car travels at \\boxed{60 km/h}.", "60", True, True),
+    ("The area is \\boxed{18\\ \\mathrm{m}^2}.", "18", True, True),
+    ("It takes her 45 minutes in all.\n#### 45 minutes", "45", True, True),
+    ("The population is \\boxed{1,000,000}.", "1000000", True, True),
+    ("\\boxed{1\\,234}", "1234", True, True),
+    ("\\boxed{1{,}234}", "1234", True, True),
+    ("In total the store made $12,345.", "12345", True, True),
+    ("\\boxed{1000}", "1,000", True, True),
+    ("So $\\cos 30^\\circ = \\boxed{\\frac{\\sqrt{3}}{2}}$.", "\\frac{\\sqrt3}{2}", True, True),
+    ("\\boxed{2^{\\frac{1}{2}}}", "\\sqrt{2}", True, True),
+    ("\\boxed{\\frac{1}{\\frac{1}{2}+\\frac{1}{3}}}", "\\frac{6}{5}", True, True),
+    ("First guess \\boxed{5}, but the sign flips: \\boxed{-5}", "-5", True, True),
+    ("First guess \\boxed{-5}. Wait, recheck: \\boxed{5}", "-5", False, True),
+    ("<think>2+2 is 4, or is it 5? It is 4.</think>The answer is \\boxed{4}.", "4", True, True),
+    ("<think>\nLet me add: 17 + 25 = 42.\n</think>\n\n17 + 25 = \\boxed{42}", "42", True, True),
+    ("Okay, 6 * 7 is 42.\n</think>\n\n**Final answer:** \\boxed{42}", "42", True, True),
+    ("<think>The answer is 41. No wait.</think>The answer is 42.", "42", True, True),
+    # no answer, or only inside the thinking
+    ("I'm not sure how to solve this.", "7", False, False),
+    ("", "7", False, False),
+    ("<think>The answer is 42.</think>", "42", False, False),
+    ("<think>So \\boxed{42}.</think>I need to think more about this.", "42", False, False),
+    ("<think>Computing, 6 * 7 = 42 so the answer is \\boxed{42}", "42", False, False),
+    ("<think>it is 42</think>I believe the result is forty-two.", "42", False, False),
+    ("The answer is \\boxed{}.", "5", False, False),
+    ("asdf qwerty }}{{ \\boxed{", "57", False, False),
+    # fractions, decimals, LaTeX against plain text
+    ("The area is \\boxed{\\dfrac{3}{4}} square units.", "0.75", True, True),
+    ("\\boxed{0.75}", "\\frac34", True, True),
+    ("The answer is 3/4", "\\frac{3}{4}", True, True),
+    ("The answer is $\\frac{3}{4}$.", "3/4", True, True),
+    ("The answer is 3/5", "0.75", False, True),
+    ("\\boxed{\\tfrac{1}{3}}", "0.3333333", True, True),
+    ("\\boxed{0.33}", "\\frac{1}{3}", False, True),
+    ("\\boxed{-\\frac{1}{2}}", "-0.5", True, True),
+    ("Therefore the answer is \u22125.", "-5", True, True),
+    ("\\boxed{3\\frac{1}{2}}", "3.5", True, True),
+    ("\\boxed{\\sqrt{2}}", "sqrt(2)", True, True),
+    ("\\boxed{2\\sqrt{3}}", "\\sqrt{12}", True, True),
+    ("Taking roots, \\boxed{2\\sqrt{3}}", "3\\sqrt{2}", False, True),
+    ("Expanding, \\boxed{x^2+2x+1}", "(x+1)^2", True, True),
+    ("The expression is \\boxed{x + 1}", "1+x", True, True),
+    ("\\boxed{x - 1}", "x+1", False, True),
+    ("\\boxed{y = 2x + 1}", "2x+1", True, True),
+    ("\\boxed{2\\pi}", "2\\pi", True, True),
+    ("The circumference is 2 pi. The answer is 2 pi", "2", False, True),
+    ("\\boxed{2^{10}}", "1024", True, True),
+    ("\\boxed{1.5 \\times 10^{3}}", "1500", True, True),
+    # sets, tuples and intervals
+    ("The roots are \\boxed{\\{1, 2, 3\\}}", "\\{3,2,1\\}", True, True),
+    ("The solutions are $x = 2$ and $x = 3$, so \\boxed{2, 3}", "3, 2", True, True),
+    ("\\boxed{x = 2 \\text{ or } x = 3}", "2,3", True, True),
+    ("\\boxed{(-\\infty, 3)}", "(-\\infty,3)", True, True),
+    ("\\boxed{[1, 2)}", "(1,2]", False, True),
+    ("The domain is \\boxed{x \\in [0, 1)}", "[0,1)", True, True),
+    ("The point is \\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "(3,\\frac{\\pi}{2})", True, True),
+    # percentages
+    ("\\boxed{25\\%}", "25", True, True),
+    ("\\boxed{25\\%}", "0.25", True, True),
+    ("The answer is 40%.", "40", True, True),
+    ("\\boxed{0.4}", "40\\%", True, True),
+    ("\\boxed{4\\%}", "40", False, True),
+    # multiple choice
+    ("\\boxed{\\text{(B)}}", "B", True, True),
+    ("The answer is (C).", "C", True, True),
+    ("\\boxed{B}", "C", False, True),
+    # formats of common data sets and prompts
+    (
+        "Natalia sold 48/2 = 24 clips in May.\nShe sold 48+24 = 72 clips in April and May.\n#### 72",
+        "72",
+        True,
+        True,
+    ),
+    ("Final Answer: The final answer is $\\frac{1}{4}$. I hope it is correct.", "0.25", True, True),
+    ("<think>half of one</think><answer>\\frac{1}{2}</answer>", "0.5", True, True),
+    ("<answer>The answer is 7</answer>", "7", True, True),
+    ("**Answer:** 42", "42", True, True),
     ("So she has 12 apples left. The answer is 57 apples.", "57", True, True),
     ("First 3 + 4 = 7, then 7 * 8 = 56. The answer is 56", "57", False, True),
     ("Adding the two parts gives 1,234 in total.", "1234", True, True),
-    ("Janet sells 16 - 3 - 4 = 9 duck eggs a day.\n#### 18", "18", True, True),
-    ("The final answer is: -12.5", "-12.5", True, True),
     ("The answer is not obvious at first. Computing, we get 42", "42", True, True),
-    ("Therefore the answer is \u22125.", "-5", True, True),
-    # boxed latex
-    ("We simplify to get $\\boxed{57}$.", "57", True, True),
-    ("Thus $x = \\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}", True, True),
-    ("The area is \\boxed{\\dfrac{3}{4}} square units.", "0.75", True, True),
-    ("The result is \\boxed{0.5}.", "\\frac{1}{2}", True, True),
-    ("Taking roots, \\boxed{3\\sqrt{2}}", "3\\sqrt{2}", True, True),
-    ("Taking roots, \\boxed{2\\sqrt{3}}", "3\\sqrt{2}", False, True),
-    ("First guess \\boxed{5}, but correcting the sign: \\boxed{-5}", "-5", True, True),
-    ("The expression is \\boxed{x + 1}", "1+x", True, True),
-    ("The probability is \\boxed{\\frac{2}{3}}", "\\frac{1}{3}", False, True),
     ("So the total cost is \\boxed{\\$1,234}.", "1234", True, True),
-    # fractions
-    ("The answer is 3/4", "\\frac{3}{4}", True, True),
-    ("The answer is $\\frac{3}{4}$.", "3/4", True, True),
-    ("The answer is 3/4", "0.75", True, True),
-    ("The answer is 3/5", "0.75", False, True),
-    # wrong, empty, garbage
+    ("It costs \\boxed{\\$5.00}", "5", True, True),
+    ("Cut off mid-answer: so \\boxed{\\frac{1}{2", "0.5", False, True),
     ("I think it is 100.", "57", False, True),
-    ("", "57", False, False),
-    ("I don't know.", "57", False, False),
-    ("asdf qwerty }}{{ \\boxed{", "57", False, False),
     ("\\boxed{banana}", "57", False, True),
 ]
 
@@ -57,26 +129,177 @@ def scorer() -> MathRuleScorer:
     return MathRuleScorer()
 
 
+def test_the_table_is_large_and_mixed():
+    assert len(CASES) >= 60
+    assert len({(r, g) for r, g, _, _ in CASES}) == len(CASES)
+    assert sum(c for _, _, c, _ in CASES) > 20 and sum(not c for _, _, c, _ in CASES) > 20
+
+
 @pytest.mark.parametrize(("response", "ground_truth", "correct", "found"), CASES)
 def test_score_table(scorer, response, ground_truth, correct, found):
     result = scorer.score(response, ground_truth)
-    assert result == RewardResult(
-        score=1.0 if correct else 0.0, correct=correct, metrics={"answer_found": 1.0 if found else 0.0}
+    assert (result.correct, result.metrics["answer_found"]) == (correct, float(found))
+    assert result.score == (1.0 if correct else 0.0)
+
+
+@pytest.mark.parametrize(
+    ("response", "answer", "extractor"),
+    [
+        ("\\boxed{\\frac{1}{\\sqrt{2}}}", "\\frac{1}{\\sqrt{2}}", "boxed"),
+        ("\\boxed{\\left\\{ 1, \\{2\\} \\right\\}} done", "\\left\\{ 1, \\{2\\} \\right\\}", "boxed"),
+        ("The answer is $\\frac{3}{4}$. Done.", "\\frac{3}{4}", "answer_phrase"),
+        ("The answer is 2.5.", "2.5", "answer_phrase"),
+        ("The answer is \\boxed{7}, clearly", "7", "boxed"),
+        ("<answer> 12 </answer>", "12", "answer_tag"),
+        ("we get 7 and then 9", "9", "last_number"),
+        ("<think>it is 9</think>we get 7", "7", "last_number"),
+        ("no numbers here", None, None),
+    ],
+)
+def test_find_answer(response, answer, extractor):
+    assert find_answer(response) == (answer, extractor)
+    assert extract_answer(response) == answer
+
+
+def test_extract_order_is_configurable():
+    response = "The answer is 12. Double-checking with the formula: \\boxed{13}"
+    assert find_answer(response) == ("13", "boxed")
+    assert find_answer(response, ["answer_phrase", "boxed"]) == ("12", "answer_phrase")
+    assert find_answer(response, ["last_number"]) == ("13", "last_number")
+    assert MathRuleScorer(extract_order=["answer_phrase", "boxed"]).score(response, "12").correct
+    assert not MathRuleScorer().score(response, "12").correct
+    # An extractor left out of the order is not used at all.
+    assert (
+        MathRuleScorer(extract_order=["boxed"]).score("The answer is 12.", "12").metrics["answer_found"]
+        == 0.0
     )
 
 
 @pytest.mark.parametrize(
-    ("response", "answer"),
+    ("response", "require", "after"),
     [
-        ("\\boxed{\\frac{1}{\\sqrt{2}}}", "\\frac{1}{\\sqrt{2}}"),
-        ("The answer is $\\frac{3}{4}$. Done.", "\\frac{3}{4}"),
-        ("The answer is 2.5.", "2.5"),
-        ("we get 7 and then 9", "9"),
-        ("no numbers here", None),
+        ("<think>a</think>b", False, "b"),
+        ("a</think>b", False, "b"),
+        ("<think>a</think>b</think>c", False, "c"),
+        ("<think>a", False, ""),
+        ("plain", False, "plain"),
+        ("plain", True, ""),
+        ("a</think>b", True, "b"),
     ],
 )
-def test_extract_answer(response, answer):
-    assert extract_answer(response) == answer
+def test_after_thinking(response, require, after):
+    assert after_thinking(response, require) == after
+
+
+def test_require_thinking_for_templates_that_open_it_in_the_prompt():
+    truncated_thought = "Let me compute 6 * 7 = 42, then check"
+    assert MathRuleScorer().score(truncated_thought, "42").correct
+    strict = MathRuleScorer(require_thinking=True)
+    assert not strict.score(truncated_thought, "42").correct
+    assert strict.score("6 * 7 = 42</think>\\boxed{42}", "42").correct
+
+
+@pytest.mark.parametrize(
+    ("response", "ok"),
+    [
+        ("<think>x</think>So \\boxed{4}", True),
+        ("x</think>So \\boxed{4}", True),
+        ("So \\boxed{4}", True),
+        ("The answer is 4", False),  # not in the preferred (boxed) form
+        ("<think>x</think><think>y</think>\\boxed{4}", False),
+        ("Preamble <think>x</think>\\boxed{4}", False),
+        ("<think>x \\boxed{4}", False),
+        ("I don't know", False),
+    ],
+)
+def test_format_ok(scorer, response, ok):
+    assert scorer.score(response, "4").metrics["format_ok"] == float(ok)
+
+
+def test_thinking_well_formed():
+    assert thinking_well_formed("no tags")
+    assert thinking_well_formed("<think>a</think>b") and thinking_well_formed(" a</think>b")
+    assert not thinking_well_formed("<think>a") and not thinking_well_formed("a</think>b</think>")
+
+
+def test_format_score_and_custom_scores():
+    shaped = MathRuleScorer(correct_score=1.0, wrong_score=-1.0, format_score=0.1)
+    assert shaped.score("\\boxed{4}", "4") == RewardResult(
+        score=1.1, correct=True, metrics={"answer_found": 1.0, "format_ok": 1.0}
+    )
+    assert shaped.score("\\boxed{5}", "4").score == pytest.approx(-0.9)
+    assert shaped.score("it is 4", "4").score == 1.0
+    assert shaped.score("no idea", "4").score == -1.0
+
+
+def test_format_pattern():
+    tagged = MathRuleScorer(format_score=0.5, format_pattern=r"<think>.+</think>\s*<answer>.+</answer>\s*")
+    good = "<think>2+2</think>\n<answer>4</answer>"
+    assert tagged.score(good, "4").score == 1.5
+    assert tagged.score("\\boxed{4}", "4").score == 1.0
+
+
+@pytest.mark.parametrize(
+    ("length", "penalty"), [(0, 0.0), (100, 0.0), (150, 0.25), (200, 0.5), (300, 0.5), (10_000, 0.5)]
+)
+def test_length_penalty_golden_values(length, penalty):
+    assert length_penalty(length, start=100, end=200, maximum=0.5) == pytest.approx(penalty)
+
+
+def test_length_penalty_in_the_score():
+    scorer = MathRuleScorer(length_penalty_start_chars=20, length_penalty_end_chars=40, length_penalty=1.0)
+    short = "\\boxed{4}"
+    long = "x" * 21 + " \\boxed{4}"  # 31 characters: 11 past the start of a 20-character ramp
+    assert scorer.score(short, "4") == RewardResult(
+        score=1.0, correct=True, metrics={"answer_found": 1.0, "format_ok": 1.0, "length_penalty": 0.0}
+    )
+    result = scorer.score(long, "4")
+    assert result.correct and result.score == pytest.approx(1.0 - 11 / 20)
+    assert result.metrics["length_penalty"] == pytest.approx(11 / 20)
+    assert "length_penalty" not in MathRuleScorer().score(long, "4").metrics
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"tolerance": 0.1}, "tolerance"),
+        ({"extract_order": ["boxed", "last_digit"]}, "last_digit"),
+        ({"extract_order": []}, "non-empty"),
+        ({"extract_order": "boxed"}, "non-empty list"),
+        ({"extract_order": ["boxed", "boxed"]}, "twice"),
+        ({"length_penalty_start_chars": 10}, "both"),
+        (
+            {"length_penalty_start_chars": 10, "length_penalty_end_chars": 5},
+            "start_chars < length_penalty_end",
+        ),
+        ({"length_penalty": -1.0}, ">= 0"),
+    ],
+)
+def test_bad_options_are_named(options, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        MathRuleScorer(**options)
+
+
+@pytest.mark.parametrize(
+    ("text", "normalized"),
+    [
+        ("$57$", "57"),
+        ("\\(x+1\\)", "x+1"),
+        ("1\\,234\\,567", "1234567"),
+        ("1{,}234", "1234"),
+        ("\\text{12 cm}", "12"),
+        ("5 dollars", "5"),
+        ("12 square units.", "12"),
+        ("2 pi", "2 pi"),
+        ("10 km/h", "10"),
+        ("2 pi/x", "2 pi/x"),
+        ("3 and 4", "3 and 4"),
+        ("5x", "5x"),
+        ("1\\,23", "1\\,23"),
+    ],
+)
+def test_normalize_answer(text, normalized):
+    assert normalize_answer(text) == normalized
 
 
 @pytest.mark.parametrize(
@@ -87,6 +310,7 @@ def test_extract_answer(response, answer):
         ("$1,234$", 1234.0),
         ("-0.5", -0.5),
         ("3/4", 0.75),
+        ("25\\%", 25.0),
         ("1/0", None),
         ("x", None),
     ],
@@ -98,16 +322,12 @@ def test_parse_number(text, value):
 def test_numeric_tolerance(scorer):
     assert scorer.score("The answer is 0.3333333", "0.33333333").correct
     assert not scorer.score("The answer is 0.333", "0.33333333").correct
+    assert answers_match("1000000.5", "1000000.4999999")
 
 
 @pytest.mark.parametrize("ground_truth", ["  ", None])
 def test_missing_ground_truth_is_not_applicable(scorer, ground_truth):
     assert scorer.score("57", ground_truth) is None
-
-
-def test_unknown_option_is_named():
-    with pytest.raises(TypeError, match="tolerance"):
-        MathRuleScorer(tolerance=0.1)
 
 
 def test_works_off_the_main_thread(scorer):

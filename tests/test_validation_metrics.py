@@ -2,39 +2,184 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 
-from roll_pipeline.validation import rollout_metrics, validation_metrics
+from roll_pipeline.validation import (
+    answer_keys,
+    majority_correct,
+    math_answer_key,
+    metric_name_part,
+    pass_at_k,
+    pass_ks,
+    rollout_metrics,
+    validation_metrics,
+)
 
 
-def rec(domain, tag, correct, length=4, finish="stop", score=None):
+def rec(domain, tag, correct, length=4, finish="stop", score=None, pid=None, text=""):
     score = (1.0 if correct else 0.0) if score is None else score
     return {
-        "domain": domain, "tag": tag, "correct": correct, "response_length": length,
-        "finish_reason": finish, "score": score, "masked": correct is None,
+        "domain": domain,
+        "tag": tag,
+        "correct": correct,
+        "response_length": length,
+        "id": pid,
+        "finish_reason": finish,
+        "score": score,
+        "masked": correct is None,
+        "response_text": text,
     }
 
 
 def test_validation_metrics_per_tag_and_overall():
     records = [
-        rec("math", "add", True), rec("math", "add", False), rec("math", "mul", True),
-        rec("code", "list", False, length=8, finish="length"), rec("code", "list", None),
+        rec("math", "add", True, pid=0),
+        rec("math", "add", False, pid=1),
+        rec("math", "mul", True, pid=2),
+        rec("code", "list", False, length=8, finish="length", pid=3),
+        rec("code", "list", None, pid=4),
     ]
     m = validation_metrics(records)
     assert m["val_correct/all/mean"] == pytest.approx(2 / 4)  # the unscored sample is left out
     assert m["val_correct/add/mean"] == 0.5
     assert m["val_correct/mul/mean"] == 1.0
     assert m["val_correct/list/mean"] == 0.0
-    assert m["val/math/correct_mean"] == pytest.approx(2 / 3)
-    assert m["val/masked_count"] == 1.0
-    assert m["val/truncation_rate"] == pytest.approx(1 / 5)
-    assert m["val/response_length/mean"] == pytest.approx((4 * 4 + 8) / 5)
+    assert m["val_domain/math/correct_mean"] == pytest.approx(2 / 3)
+    assert m["val_masked/all/count"] == 1.0
+    assert m["val_masked/list/count"] == 1.0
+    assert m["val_truncated/all/rate"] == pytest.approx(1 / 5)
+    assert m["val_truncated/list/rate"] == pytest.approx(1 / 2)
+    assert m["val_response_length/all/mean"] == pytest.approx((4 * 4 + 8) / 5)
+    assert m["val_prompts/all/count"] == 5.0
+    assert m["val_domain/code/prompts"] == 2.0
+    # one sample per prompt: pass@1 is the accuracy, and no domain has an answer key, so no maj@k
+    assert m["val_correct/all/pass_at_1"] == pytest.approx(m["val_correct/all/mean"])
+    assert not [k for k in m if "maj_at" in k]
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (4, 1, 2, 1 - 3 / 6),  # 1 - C(3,2)/C(4,2)
+        (5, 2, 3, 1 - 1 / 10),  # 1 - C(3,3)/C(5,3)
+        (4, 0, 4, 0.0),
+        (4, 1, 4, 1.0),
+        (10, 3, 1, 0.3),  # pass@1 is the accuracy
+        (6, 2, 5, 1.0),  # fewer wrong samples than k: every draw holds a correct one
+    ],
+)
+def test_pass_at_k_golden_values(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_agrees_with_counting_subsets():
+    for n in range(1, 8):
+        for c in range(n + 1):
+            samples = [True] * c + [False] * (n - c)
+            for k in range(1, n + 1):
+                draws = list(itertools.combinations(samples, k))
+                counted = sum(any(d) for d in draws) / len(draws)
+                assert pass_at_k(n, c, k) == pytest.approx(counted), (n, c, k)
+
+
+def test_pass_at_k_rejects_impossible_arguments():
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(2, 1, 3)
+
+
+def test_pass_ks_are_powers_of_two_and_k():
+    assert pass_ks(1) == [1]
+    assert pass_ks(4) == [1, 2, 4]
+    assert pass_ks(6) == [1, 2, 4, 6]
+
+
+def test_majority_vote_ties_and_missing_answers():
+    assert majority_correct([(57.0, True), (57.0, True), (12.0, False)]) == 1.0
+    assert majority_correct([(57.0, True), (12.0, False), (12.0, False)]) == 0.0
+    assert majority_correct([(57.0, True), (12.0, False)]) == 0.5  # a tie: the mean over the tied answers
+    assert majority_correct([(None, False), (None, False), (3.0, True)]) == 1.0  # no answer is no vote
+    assert majority_correct([(None, False)]) == 0.0
+
+
+def test_math_answer_key_uses_math_rule_extraction():
+    assert math_answer_key("The answer is 57.") == math_answer_key("\\boxed{57.0}") == 57.0
+    assert math_answer_key("I think 1,234") == 1234.0
+    assert math_answer_key("no idea") is None
+    assert math_answer_key("so \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+
+
+def test_answer_keys_by_worker_name():
+    keys = answer_keys({"math": "math_rule", "code": "code_sandbox", "mine": "pkg.module:Scorer"})
+    assert keys == {"math": math_answer_key, "code": None, "mine": None}
+
+
+def k_sample_records():
+    """Two math prompts (k=4 each) and one code prompt, with the responses a model could give."""
+    return [
+        # prompt a: 2 of 4 right, the majority answer 109 is right
+        rec("math", "add", True, pid="a", text="32 + 77 = 109"),
+        rec("math", "add", True, pid="a", text="The answer is 109."),
+        rec("math", "add", False, pid="a", text="108"),
+        rec("math", "add", True, pid="a", text="\\boxed{109}", length=9),
+        # prompt b: 1 of 4 right, the majority answer is wrong; one sample could not be scored
+        rec("math", "add", False, pid="b", text="50"),
+        rec("math", "add", False, pid="b", text="50", finish="length"),
+        rec("math", "add", True, pid="b", text="55"),
+        rec("math", "add", None, pid="b", text="55"),
+        # a code prompt: no answer key, so no maj@k for code, its tag or "all"
+        rec("code", "list", False, pid="c"),
+        rec("code", "list", True, pid="c"),
+        rec("code", "list", False, pid="c"),
+        rec("code", "list", False, pid="c"),
+    ]
+
+
+def test_k_samples_per_prompt_give_pass_and_majority():
+    keys = answer_keys({"math": "math_rule", "code": "code_sandbox"})
+    m = validation_metrics(k_sample_records(), keys)
+    assert m["val_correct/add/mean"] == pytest.approx(4 / 7)
+    # pass@2 per prompt: a: 1 - C(1,2)/C(4,2) = 1; b (3 scored, 1 right): 1 - C(2,2)/C(3,2) = 2/3
+    assert m["val_correct/add/pass_at_2"] == pytest.approx((1 + 2 / 3) / 2)
+    assert m["val_correct/add/pass_at_1"] == pytest.approx((3 / 4 + 1 / 3) / 2)
+    # pass@4 needs 4 scored samples: only prompt a has them
+    assert m["val_correct/add/pass_at_4"] == 1.0
+    assert m["val_correct/add/maj_at_4"] == pytest.approx((1.0 + 0.0) / 2)
+    assert m["val_domain/math/maj_at_4"] == m["val_correct/add/maj_at_4"]
+    assert "val_correct/list/maj_at_4" not in m and "val_correct/all/maj_at_4" not in m
+    assert m["val_correct/list/pass_at_4"] == 1.0
+    assert m["val_correct/list/pass_at_1"] == 0.25
+    assert m["val_truncated/add/rate"] == pytest.approx(1 / 8)
+    assert m["val_response_length/add/mean"] == pytest.approx((7 * 4 + 9) / 8)
+    assert m["val_prompts/all/count"] == 3.0
+
+
+def test_an_unscored_sample_changes_nothing_whatever_it_says():
+    keys = answer_keys({"math": "math_rule", "code": "code_sandbox"})
+    records = k_sample_records()
+    changed = [dict(r) for r in records]
+    changed[7] |= {"response_text": "50", "score": 1.0}  # the masked sample of prompt b
+    assert validation_metrics(changed, keys) == validation_metrics(records, keys)
+
+
+def test_tags_become_safe_metric_names_and_all_is_reserved():
+    assert metric_name_part("a+b/c d") == "a_b_c d"
+    m = validation_metrics([rec("math", "x+y", True, pid=1)])
+    assert m["val_correct/x_y/mean"] == 1.0
+    with pytest.raises(ValueError, match="reserved"):
+        validation_metrics([rec("math", "all", True, pid=1)])
+    with pytest.raises(ValueError, match="same metric name"):
+        validation_metrics([rec("math", "x+y", True, pid=1), rec("math", "x*y", True, pid=2)])
 
 
 def test_rollout_metrics():
-    records = [rec("math", "add", True), rec("math", "add", False, score=0.0), rec("math", "add", None, score=0.0)]
+    records = [
+        rec("math", "add", True),
+        rec("math", "add", False, score=0.0),
+        rec("math", "add", None, score=0.0),
+    ]
     m = rollout_metrics("math", records)
     assert m["reward/math/score"] == 0.5
     assert m["reward/math/std"] == 0.5

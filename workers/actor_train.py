@@ -20,7 +20,7 @@ NEEDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_log_
 
 
 def loss_mask(batch: Batch) -> torch.Tensor:
-    """Response tokens of samples whose reward is valid."""
+    """Response tokens of the samples in the loss (sample_mask 1)."""
     return batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
 
 
@@ -36,28 +36,42 @@ def global_normalizer(mask: torch.Tensor, mode: str, world_size: int) -> float:
     return float(count) / world_size
 
 
+def loss_scale(cfg: PipelineConfig) -> float:
+    """seq-mean-token-sum-norm's constant: loss_scale_factor, else the generation budget."""
+    return float(cfg.loss_scale_factor or cfg.actor_infer.generating_args.max_new_tokens)
+
+
 def policy_objective(
     log_probs: torch.Tensor, entropy: torch.Tensor, micro: Batch, cfg: PipelineConfig, norm: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The scalar loss of one micro-batch (already divided by the mini-batch normaliser) and its parts."""
+    """The scalar loss of one micro-batch (already divided by the mini-batch normaliser) and its parts: the policy
+    loss, minus the entropy bonus, plus the KL loss, each aggregated with loss_agg_mode."""
     mask = loss_mask(micro)
-    mode = cfg.loss_agg_mode
-    pg, diag = POLICY_LOSSES.get("ppo_clip")(log_probs, micro["old_log_probs"], micro["advantages"], mask, cfg.pg_clip)
-    pg_loss = aggregate_loss(pg, mask, mode, norm)
+    clip_low, clip_high = cfg.clip_range
+
+    def aggregate(per_token: torch.Tensor) -> torch.Tensor:
+        return aggregate_loss(per_token, mask, cfg.loss_agg_mode, norm, loss_scale(cfg))
+
+    pg, diag = POLICY_LOSSES.get(cfg.policy_loss)(
+        log_probs,
+        micro["old_log_probs"],
+        micro["advantages"],
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip_c=cfg.dual_clip_c,
+    )
+    pg_loss = aggregate(pg)
     loss = pg_loss
-    parts = {
-        "pg_loss": pg_loss.detach(),
-        "clipfrac": aggregate_loss(diag["clipped"].detach(), mask, mode, norm),
-        "approx_kl": aggregate_loss(diag["approx_kl"].detach(), mask, mode, norm),
-        "entropy": aggregate_loss(entropy.detach(), mask, mode, norm),
-    }
+    parts = {"pg_loss": pg_loss.detach(), "entropy": aggregate(entropy.detach())}
+    parts |= {k.replace("clipped", "clipfrac"): aggregate(v.detach()) for k, v in diag.items()}
     if cfg.use_kl_loss:
         kl = KL_ESTIMATORS.get(cfg.kl_estimator)(log_probs, micro["ref_log_probs"])
-        kl_loss = aggregate_loss(kl, mask, mode, norm)
+        kl_loss = aggregate(kl)
         loss = loss + cfg.kl_loss_coef * kl_loss
         parts["kl_loss"] = kl_loss.detach()
     if cfg.entropy_loss_coef:
-        loss = loss - cfg.entropy_loss_coef * aggregate_loss(entropy, mask, mode, norm)
+        loss = loss - cfg.entropy_loss_coef * aggregate(entropy)
     return loss, parts
 
 

@@ -8,19 +8,14 @@ from collections import defaultdict
 import torch
 
 from roll_pipeline.algorithms import aggregate_loss
+from roll_pipeline.algorithms.value import clipped_value_loss
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import PipelineConfig
 from roll_pipeline.models.forward import response_values
-from workers.actor_train import global_normalizer, loss_mask
+from workers.actor_train import global_normalizer, loss_mask, loss_scale
 from workers.base import Worker
 from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
 from workers.strategies.loading import load_value_model
-
-
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
-    """Per-token 0.5 * max((v - R)^2, (clip(v, v_old +- c) - R)^2), as in PPO's value clipping."""
-    clipped = old_values + (values - old_values).clamp(-clip, clip)
-    return 0.5 * torch.maximum((values - returns).square(), (clipped - returns).square())
 
 
 class CriticWorker(Worker):
@@ -55,11 +50,15 @@ class CriticWorker(Worker):
                 norm = global_normalizer(loss_mask(minibatch), self.cfg.loss_agg_mode, self.world_size)
                 for micro in minibatch.split(ta.per_device_train_batch_size):
                     values = response_values(self.strategy.engine, micro)
-                    per_token = clipped_value_loss(values, micro["values"], micro["returns"], self.section.value_clip)
-                    loss = aggregate_loss(per_token, loss_mask(micro), self.cfg.loss_agg_mode, norm)
+                    per_token, clipped = clipped_value_loss(
+                        values, micro["values"], micro["returns"], self.section.value_clip
+                    )
+                    mask, scale = loss_mask(micro), loss_scale(self.cfg)
+                    loss = aggregate_loss(per_token, mask, self.cfg.loss_agg_mode, norm, scale)
                     self.strategy.backward(loss)
                     self.strategy.step()
                     sums["value_loss"] += float(loss.detach())
+                    sums["value_clipfrac"] += float(aggregate_loss(clipped, mask, self.cfg.loss_agg_mode, norm, scale))
                 sums["grad_norm"] += self.strategy.grad_norm()
                 n += 1
         return {f"critic/{k}": v / n for k, v in sums.items()}

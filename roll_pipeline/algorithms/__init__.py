@@ -1,14 +1,23 @@
 """Pure RL algorithm functions behind registries; importing this package registers them all."""
 
-from roll_pipeline.algorithms import advantages, aggregation, kl, policy_loss  # noqa: F401
+from roll_pipeline.algorithms import advantages, aggregation, kl, policy_loss, shaping, value  # noqa: F401
 from roll_pipeline.algorithms.aggregation import aggregate_loss, batch_normalizer
-from roll_pipeline.algorithms.registry import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from roll_pipeline.algorithms.registry import (
+    ADVANTAGES,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    REWARD_NORMS,
+)
 
 __all__ = [
     "ADVANTAGES",
+    "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
+    "REWARD_NORMS",
     "aggregate_loss",
     "batch_normalizer",
 ]

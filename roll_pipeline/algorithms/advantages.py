@@ -1,4 +1,9 @@
-"""Advantage estimators, each (batch tensors) -> (advantages, returns), all (B, R) and zero under the mask."""
+"""Advantage estimators, each (batch tensors) -> (advantages, returns), all (B, R) and zero under the mask.
+
+Every estimator takes the same keyword arguments (the pipeline passes them all; each uses what it needs):
+`token_level_rewards` (B, R), `response_mask` (B, R), `group_ids` (B,), `sample_mask` (B,) (1: the sample is in
+the loss; 0: it is left out of every statistic), `values` (B, R) or None, `gamma`, `lambd`.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,42 @@ def place_at_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> to
     return rewards
 
 
+def _valid(sample_mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.ones(like.shape[0], dtype=like.dtype) if sample_mask is None else sample_mask.to(like.dtype)
+
+
+def group_statistics(
+    values: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sample (B,): its group's mean, unbiased std and count over the samples where `valid` is 1."""
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if len(inverse) else 0
+    zeros = torch.zeros(n_groups, dtype=values.dtype)
+    count = zeros.index_add(0, inverse, valid)
+    mean = zeros.index_add(0, inverse, values * valid) / count.clamp(min=1.0)
+    sq = zeros.index_add(0, inverse, (values - mean[inverse]).square() * valid)
+    std = (sq / (count - 1.0).clamp(min=1.0)).sqrt()
+    return mean[inverse], std[inverse], count[inverse]
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(values - mean) / sqrt(var + eps) with the mean and unbiased variance over the tokens where `mask` is 1;
+    zero under the mask."""
+    count = mask.sum().clamp(min=1.0)
+    mean = (values * mask).sum() / count
+    var = ((values - mean).square() * mask).sum() / (count - 1.0).clamp(min=1.0)
+    return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
+def _returns(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    return (token_level_rewards * response_mask).sum(-1)
+
+
+def _broadcast(per_sample: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    advantages = per_sample.unsqueeze(-1) * response_mask
+    return advantages, advantages.clone()
+
+
 @register_advantage("grpo")
 def grpo_advantages(
     token_level_rewards: torch.Tensor,
@@ -32,18 +73,93 @@ def grpo_advantages(
     with the unbiased std over the group's samples whose `sample_mask` is 1, broadcast over its valid tokens.
     A group of one valid sample gets advantage 0.
     """
-    valid = torch.ones_like(group_ids, dtype=token_level_rewards.dtype) if sample_mask is None else sample_mask
-    returns = (token_level_rewards * response_mask).sum(-1)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inverse.max()) + 1 if len(inverse) else 0
-    count = torch.zeros(n_groups, dtype=returns.dtype).index_add_(0, inverse, valid)
-    total = torch.zeros(n_groups, dtype=returns.dtype).index_add_(0, inverse, returns * valid)
-    mean = total / count.clamp(min=1.0)
-    sq = torch.zeros(n_groups, dtype=returns.dtype).index_add_(0, inverse, (returns - mean[inverse]).square() * valid)
-    std = (sq / (count - 1.0).clamp(min=1.0)).sqrt()
-    scaled = (returns - mean[inverse]) / (std[inverse] + eps)
-    scaled = torch.where(count[inverse] > 1, scaled, torch.zeros_like(scaled)) * valid
-    advantages = scaled.unsqueeze(-1) * response_mask
+    valid = _valid(sample_mask, token_level_rewards)
+    returns = _returns(token_level_rewards, response_mask)
+    mean, std, count = group_statistics(returns, group_ids, valid)
+    scaled = torch.where(count > 1, (returns - mean) / (std + eps), torch.zeros_like(returns))
+    return _broadcast(scaled * valid, response_mask)
+
+
+@register_advantage("dr_grpo")
+def dr_grpo_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    sample_mask: torch.Tensor | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr. GRPO (Liu et al., "Understanding R1-Zero-Like Training", arXiv:2503.20783): return - group mean, with
+    no division by the group's std (which over-weights groups that are nearly all right or all wrong). Pair it
+    with loss_agg_mode seq-mean-token-sum-norm, the paper's other half. A group of one valid sample gets 0."""
+    valid = _valid(sample_mask, token_level_rewards)
+    returns = _returns(token_level_rewards, response_mask)
+    mean, _, count = group_statistics(returns, group_ids, valid)
+    centred = torch.where(count > 1, returns - mean, torch.zeros_like(returns))
+    return _broadcast(centred * valid, response_mask)
+
+
+@register_advantage("rloo")
+def rloo_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    sample_mask: torch.Tensor | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE leave-one-out (Ahmadian et al., "Back to Basics", arXiv:2402.14740; Kool et al. 2019): a
+    response's baseline is the mean return of the *other* valid responses of its group, which equals
+    n / (n - 1) * (return - group mean). A group of one valid sample gets 0."""
+    valid = _valid(sample_mask, token_level_rewards)
+    returns = _returns(token_level_rewards, response_mask)
+    mean, _, count = group_statistics(returns, group_ids, valid)
+    loo = torch.where(count > 1, count / (count - 1.0).clamp(min=1.0) * (returns - mean), torch.zeros_like(returns))
+    return _broadcast(loo * valid, response_mask)
+
+
+def discounted_returns(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """(B, R) sum of the discounted rewards from each valid token to the end of its response."""
+    rewards = token_level_rewards * response_mask
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running * response_mask[:, t]
+        returns[:, t] = running
+    return returns * response_mask
+
+
+@register_advantage("reinforce_plus_plus")
+def reinforce_plus_plus_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    sample_mask: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu, arXiv:2501.03262): each token's discounted return (a token-level KL penalty in the
+    rewards makes it differ from token to token), whitened over every valid token of the batch (global
+    advantage normalisation, no critic, no group baseline). Returns are the discounted returns."""
+    valid = _valid(sample_mask, token_level_rewards)
+    mask = response_mask * valid.unsqueeze(-1)
+    returns = discounted_returns(token_level_rewards, response_mask, gamma)
+    return masked_whiten(returns, mask), returns * mask
+
+
+@register_advantage("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    sample_mask: torch.Tensor | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline (Hu, arXiv:2501.03262, v3+): return - group mean (the group baseline), broadcast over
+    the response, then whitened over every valid token of the batch."""
+    valid = _valid(sample_mask, token_level_rewards)
+    mask = response_mask * valid.unsqueeze(-1)
+    returns = _returns(token_level_rewards, response_mask)
+    mean, _, _ = group_statistics(returns, group_ids, valid)
+    centred = (returns - mean).unsqueeze(-1) * mask
+    advantages = masked_whiten(centred, mask)
     return advantages, advantages.clone()
 
 
@@ -75,3 +191,15 @@ def gae_advantages(
         advantages[:, t] = adv * m
     returns = (advantages + vals) * response_mask
     return advantages, returns
+
+
+def postprocess_advantages(
+    advantages: torch.Tensor, mask: torch.Tensor, whiten: bool = False, clip: float | None = None
+) -> torch.Tensor:
+    """Optional whitening over the valid tokens of the batch (`masked_whiten`; PPO implementation practice,
+    Huang et al., "The 37 implementation details of PPO", 2022), then clipping to [-clip, clip]."""
+    if whiten:
+        advantages = masked_whiten(advantages, mask)
+    if clip is not None:
+        advantages = advantages.clamp(-clip, clip)
+    return advantages * mask

@@ -1,10 +1,18 @@
-"""Per-token estimators of KL(policy || reference) from sampled tokens (Schulman, "Approximating KL", 2020)."""
+"""KL(policy || reference) per token from sampled tokens, the token-level KL reward penalty, and the controllers of
+its coefficient.
+
+Estimators follow Schulman, "Approximating KL Divergence" (2020, http://joschu.net/blog/kl-approx.html); each
+takes (log_probs, ref_log_probs), both (B, R), and returns (B, R). verl's and ROLL's names are aliases: `mse` is
+k2, `low_var_kl` is k3.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from roll_pipeline.algorithms.registry import register_kl
+from roll_pipeline.algorithms.registry import KL_ESTIMATORS, register_kl, register_kl_controller
 
 
 @register_kl("k1")
@@ -13,13 +21,21 @@ def kl_k1(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     return log_probs - ref_log_probs
 
 
+@register_kl("abs")
+def kl_abs(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """|log p - log q|: biased upwards, never negative (ROLL's and verl's `abs`)."""
+    return (log_probs - ref_log_probs).abs()
+
+
 @register_kl("k2")
+@register_kl("mse")
 def kl_k2(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
-    """(log p - log q)^2 / 2: biased, low variance, never negative."""
+    """(log p - log q)^2 / 2: biased, low variance, never negative; its gradient is that of the true KL."""
     return 0.5 * (log_probs - ref_log_probs).square()
 
 
 @register_kl("k3")
+@register_kl("low_var_kl")
 def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     """exp(log q - log p) - (log q - log p) - 1: unbiased and never negative (GRPO's choice).
 
@@ -27,3 +43,52 @@ def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     """
     log_ratio = (ref_log_probs - log_probs).clamp(-20.0, 20.0)
     return log_ratio.exp() - log_ratio - 1.0
+
+
+def kl_penalty_rewards(
+    token_level_rewards: torch.Tensor,
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    coef: float,
+    estimator: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL as a token-level reward penalty (Ziegler et al., arXiv:1909.08593; InstructGPT, arXiv:2203.02155):
+    rewards - coef * KL_t on every valid token. Returns the new rewards (B, R) and each response's mean per-token
+    KL (B,), the quantity the adaptive controller tracks; both zero under the mask."""
+    kl = KL_ESTIMATORS.get(estimator)(log_probs, ref_log_probs) * mask
+    per_sample = kl.sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return (token_level_rewards - coef * kl) * mask, per_sample
+
+
+@register_kl_controller("fixed")
+class FixedKLController:
+    """A constant coefficient."""
+
+    def __init__(self, kl_coef: float, **_: Any) -> None:
+        self.value = kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Nothing to adapt."""
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
+
+@register_kl_controller("adaptive")
+class AdaptiveKLController(FixedKLController):
+    """Ziegler et al., "Fine-Tuning Language Models from Human Preferences" (arXiv:1909.08593), section 2.2: after
+    each batch, coef *= 1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon, so the coefficient rises while the
+    measured KL is above `target_kl` and falls while it is below."""
+
+    def __init__(self, kl_coef: float, target_kl: float, horizon: int, **_: Any) -> None:
+        super().__init__(kl_coef)
+        self.target = target_kl
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon

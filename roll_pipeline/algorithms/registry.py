@@ -35,9 +35,15 @@ class Registry:
 ADVANTAGES = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 KL_ESTIMATORS = Registry("KL estimator")
+KL_CONTROLLERS = Registry("KL controller")
 LOSS_AGGREGATIONS = Registry("loss aggregation mode")
+LOSS_NORMALIZERS = Registry("loss normaliser")
+REWARD_NORMS = Registry("reward normalisation")
 
 register_advantage = ADVANTAGES.register
 register_policy_loss = POLICY_LOSSES.register
 register_kl = KL_ESTIMATORS.register
+register_kl_controller = KL_CONTROLLERS.register
 register_aggregation = LOSS_AGGREGATIONS.register
+register_loss_normalizer = LOSS_NORMALIZERS.register
+register_reward_norm = REWARD_NORMS.register

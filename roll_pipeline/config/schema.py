@@ -146,7 +146,14 @@ class ReferenceConfig(ClusterConfig):
 class CriticConfig(ActorTrainConfig):
     """The value model: the policy's backbone with a scalar head, trained with the clipped value loss."""
 
-    value_clip: float = 0.5
+    value_clip: float | None = 0.5
+    """PPO's value clipping (arXiv:1707.06347, as in OpenAI baselines' PPO2): a value estimate moves at most this
+    far from the one that computed the advantages in one step; None: the plain squared error."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        yield from super().validate()
+        if self.value_clip is not None and self.value_clip <= 0:
+            yield "value_clip", f"must be > 0 (or null for no clipping), got {self.value_clip}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,10 +261,28 @@ class DynamicSamplingConfig:
 @dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
     tracking_uri: str | None = None
-    """MLflow tracking URI. None: MLFLOW_TRACKING_URI if set, else `sqlite:///mlflow.db` in the working dir."""
+    """MLflow tracking URI: a server URL (http://...), `sqlite:///path.db` or a file store (`file:///dir`). None:
+    MLFLOW_TRACKING_URI if set, else `sqlite:///mlflow.db` in the working dir."""
     experiment_name: str = "roll-pipeline"
     run_name: str | None = None
     """None: the config's exp_name."""
+    retry_interval_s: float = 5.0
+    """While MLflow is unreachable, check for it this often; tracking data waits in <output_dir>/mlflow_spool."""
+    flush_timeout_s: float = 60.0
+    """At the end of a run, wait this long for MLflow to take the spooled data while none gets through; what is
+    left is sent later by `roll mlflow sync <output_dir>`."""
+    sample_rows_per_tag: int = 8
+    """Responses per tag in each validation's sample table (the first ones, all k of a prompt together)."""
+    hash_inputs: bool = True
+    """Tag the run with the sha256 of every data file and of the model folder (reads every byte once per run)."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.retry_interval_s <= 0:
+            yield "retry_interval_s", "must be > 0"
+        if self.flush_timeout_s < 0:
+            yield "flush_timeout_s", "must be >= 0"
+        if self.sample_rows_per_tag < 0:
+            yield "sample_rows_per_tag", "must be >= 0"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,9 +294,76 @@ class RayConfig:
     one after another, so over-subscribing the logical count does not over-subscribe the cores."""
 
 
-ADV_ESTIMATORS = ("grpo", "gae")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+def _check_name(kind: str, name: str | None) -> str | None:
+    """A message when `name` is not in the named algorithm registry (roll_pipeline/algorithms), else None."""
+    from roll_pipeline import algorithms
+
+    registry = getattr(algorithms, kind)
+    return None if name in registry.names() else f"must be one of {registry.names()}, got {name!r}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlongPenaltyConfig:
+    """DAPO's soft overlong punishment (Yu et al., arXiv:2503.14476, eq. 13), added to the score: 0 up to
+    max_new_tokens - buffer_len response tokens, then falling linearly to -penalty_factor at max_new_tokens."""
+
+    buffer_len: int
+    """The soft buffer in tokens before actor_infer.generating_args.max_new_tokens (DAPO: 4096 of 20480)."""
+    penalty_factor: float = 1.0
+    """The penalty at max_new_tokens."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DifficultyMaskConfig:
+    """Masks out of the loss the groups whose mean score lies outside [low, high]: the meaning of the scheduler's
+    `mean_filter` (schedulers/filters.py), applied to the batch as it is instead of drawing other prompts."""
+
+    low: float = 0.0
+    high: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LengthMaskConfig:
+    """Masks out of the loss the responses longer than max_tokens tokens."""
+
+    max_tokens: int
+    only_incorrect: bool = False
+    """Mask only long responses the reward worker did not judge correct (ROLL's error_max_len_clip)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardShapingConfig:
+    """What happens to the reward workers' scores before advantages (roll_pipeline/algorithms/shaping.py), per
+    domain: statistics never mix domains. Order: sample masks (on the raw scores), overlong penalty,
+    normalisation, scaling, clipping. Truncated responses are masked by the scheduler instead:
+    rewards.<domain>.response_filters: {truncated: {}} (DAPO's overlong filtering)."""
+
+    norm_mean_type: str | None = None
+    """Subtract the mean of the sample's `group` (prompt group), its domain's `batch`, or the domain's `running`
+    moments over every step so far (kept per domain and checkpointed); None: no centring. ROLL's reward_norm."""
+    norm_std_type: str | None = None
+    """Divide by the std (+1e-6) of `group`, `batch` or `running`, as norm_mean_type; None: no division."""
+    reward_scale: float = 1.0
+    """Multiply the (normalised) scores by this."""
+    reward_clip: float | None = None
+    """Clip the scaled scores to [-reward_clip, reward_clip]; None: no clipping."""
+    overlong_penalty: OverlongPenaltyConfig | None = None
+    difficulty_mask: DifficultyMaskConfig | None = None
+    length_mask: LengthMaskConfig | None = None
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        for key in ("norm_mean_type", "norm_std_type"):
+            value = getattr(self, key)
+            if value is not None and (message := _check_name("REWARD_NORMS", value)):
+                yield key, message
+        if self.reward_clip is not None and self.reward_clip <= 0:
+            yield "reward_clip", f"must be > 0 (or null), got {self.reward_clip}"
+        if self.overlong_penalty is not None and self.overlong_penalty.buffer_len < 1:
+            yield "overlong_penalty.buffer_len", "must be >= 1"
+        if self.difficulty_mask is not None and self.difficulty_mask.low > self.difficulty_mask.high:
+            yield "difficulty_mask", f"low ({self.difficulty_mask.low}) must be <= high ({self.difficulty_mask.high})"
+        if self.length_mask is not None and self.length_mask.max_tokens < 1:
+            yield "length_mask.max_tokens", "must be >= 1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -297,15 +389,70 @@ class PipelineConfig:
     save_steps: int = 0
     """Checkpoint every this many steps; 0 disables checkpoints."""
     adv_estimator: str = "grpo"
+    """Advantage estimator (roll_pipeline/algorithms/advantages.py): `grpo` (group mean and std; DeepSeekMath,
+    arXiv:2402.03300), `dr_grpo` (group mean only; Dr. GRPO, arXiv:2503.20783), `rloo` (leave-one-out group mean;
+    arXiv:2402.14740), `reinforce_plus_plus` (discounted returns whitened over the batch; arXiv:2501.03262),
+    `reinforce_plus_plus_baseline` (group mean, then batch whitening; arXiv:2501.03262) or `gae` (with the critic;
+    arXiv:1506.02438)."""
+    whiten_advantages: bool = False
+    """Whiten the estimator's advantages over the valid tokens of the batch (mean 0, std 1)."""
+    advantage_clip: float | None = None
+    """Clip the advantages (after whitening) to [-advantage_clip, advantage_clip]; None: no clipping."""
     ppo_epochs: int = 1
+    policy_loss: str = "ppo_clip"
+    """Policy loss (roll_pipeline/algorithms/policy_loss.py): `ppo_clip` (PPO, arXiv:1707.06347, with DAPO's
+    clip-higher and dual-clip options), `gspo` (sequence-level ratio; arXiv:2507.18071, use with
+    seq-mean-token-mean), `cispo` (clipped, detached importance weights; MiniMax-M1, arXiv:2506.13585) or `topr`
+    (tapered off-policy REINFORCE; arXiv:2503.14286)."""
     pg_clip: float = 0.2
+    """The ratio's clip range on both sides, where pg_clip_low / pg_clip_high are not set (PPO's epsilon)."""
+    pg_clip_low: float | None = None
+    """The ratio's lower bound is 1 - pg_clip_low; None: pg_clip. CISPO clips only from above: 1.0."""
+    pg_clip_high: float | None = None
+    """The ratio's upper bound is 1 + pg_clip_high; None: pg_clip. DAPO's clip-higher (arXiv:2503.14476): 0.28
+    with pg_clip_low 0.2. GSPO's ranges are tiny (3e-4 / 4e-4)."""
+    dual_clip_c: float | None = None
+    """Dual-clip PPO (Ye et al., arXiv:1912.09729), ppo_clip only: for negative advantages the loss is capped at
+    -c * A (c > 1; 3.0 in the paper); None: off."""
     loss_agg_mode: str = "token-mean"
+    """How per-token losses become one (roll_pipeline/algorithms/aggregation.py): `token-mean` (every token weighs
+    the same; DAPO, arXiv:2503.14476), `seq-mean-token-mean` (every response weighs the same; GRPO,
+    arXiv:2402.03300), `seq-mean-token-sum` (token sums averaged over responses) or `seq-mean-token-sum-norm`
+    (token sums divided by the constant loss_scale_factor, averaged over responses; Dr. GRPO, arXiv:2503.20783)."""
+    loss_scale_factor: int | None = None
+    """The constant of seq-mean-token-sum-norm; None: actor_infer.generating_args.max_new_tokens."""
+    entropy_loss_coef: float = 0.0
+    """Entropy bonus: the loss minus coef * the aggregated entropy of the policy over the response tokens (Mnih et
+    al., A3C, arXiv:1602.01783); 0: off."""
     use_kl_loss: bool = False
+    """KL to the reference policy as a loss term weighted by kl_loss_coef (GRPO, arXiv:2402.03300); starts the
+    reference cluster."""
     kl_loss_coef: float = 0.0
     kl_estimator: str = "k3"
-    entropy_loss_coef: float = 0.0
+    """Estimator of the KL loss (Schulman, "Approximating KL Divergence", 2020): `k1`, `k2` (alias `mse`), `k3`
+    (alias `low_var_kl`) or `abs`."""
+    add_token_level_kl: bool = False
+    """KL to the reference policy as a token-level reward penalty (Ziegler et al., arXiv:1909.08593): every response
+    token's reward gets -coef * KL_t, coef from kl_ctrl; starts the reference cluster."""
+    kl_penalty: str = "k1"
+    """Estimator of the KL reward penalty (the names of kl_estimator)."""
+    kl_ctrl: str = "fixed"
+    """Controller of the KL penalty's coefficient: `fixed` (init_kl_coef throughout) or `adaptive` (Ziegler et al.,
+    arXiv:1909.08593: the coefficient moves by up to 20% per kl_horizon samples towards a KL of target_kl)."""
+    init_kl_coef: float = 0.001
+    """The KL penalty's coefficient at the start (throughout, when kl_ctrl is fixed)."""
+    target_kl: float | None = None
+    """The adaptive controller's target: mean per-token KL of a response; required when kl_ctrl is adaptive."""
+    kl_horizon: int = 10000
+    """The adaptive controller's horizon, in samples."""
     gamma: float = 1.0
+    """Discount of GAE and REINFORCE++ returns."""
     lambd: float = 0.95
+    """GAE's lambda (arXiv:1506.02438)."""
+    critic_warmup: int = 0
+    """The first this many steps train only the critic, so the actor starts from useful values (ROLL's
+    critic_warmup); needs adv_estimator gae."""
+    reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
 
     actor_train: ActorTrainConfig = field(default_factory=ActorTrainConfig)
     actor_infer: ActorInferConfig = field(default_factory=ActorInferConfig)
@@ -327,19 +474,66 @@ class PipelineConfig:
         if self.eval_steps < 0 or self.save_steps < 0:
             yield "eval_steps" if self.eval_steps < 0 else "save_steps", "must be >= 0"
         yield from self._validate_domains()
-        if self.adv_estimator not in ADV_ESTIMATORS:
-            yield "adv_estimator", f"must be one of {list(ADV_ESTIMATORS)}, got {self.adv_estimator!r}"
         if self.adv_estimator == "gae" and self.critic is None:
             yield "critic", "adv_estimator gae needs a critic section"
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            yield "loss_agg_mode", f"must be one of {list(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}"
-        if self.kl_estimator not in KL_ESTIMATORS:
-            yield "kl_estimator", f"must be one of {list(KL_ESTIMATORS)}, got {self.kl_estimator!r}"
         if self.ppo_epochs < 1:
             yield "ppo_epochs", "must be >= 1"
+        yield from self._validate_algorithms()
+        yield from self._validate_batch_division()
+
+    def _validate_algorithms(self) -> Iterator[tuple[str, str]]:
+        names = [
+            ("adv_estimator", "ADVANTAGES"),
+            ("policy_loss", "POLICY_LOSSES"),
+            ("loss_agg_mode", "LOSS_AGGREGATIONS"),
+            ("kl_estimator", "KL_ESTIMATORS"),
+            ("kl_penalty", "KL_ESTIMATORS"),
+            ("kl_ctrl", "KL_CONTROLLERS"),
+        ]
+        for key, registry in names:
+            if message := _check_name(registry, getattr(self, key)):
+                yield key, message
         if not 0 < self.pg_clip < 1:
             yield "pg_clip", f"must be in (0, 1), got {self.pg_clip}"
-        yield from self._validate_batch_division()
+        if self.pg_clip_low is not None and not 0 < self.pg_clip_low <= 1:
+            yield "pg_clip_low", f"must be in (0, 1], got {self.pg_clip_low}"
+        if self.pg_clip_high is not None and self.pg_clip_high <= 0:
+            yield "pg_clip_high", f"must be > 0, got {self.pg_clip_high}"
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            yield "dual_clip_c", f"must be > 1 (or null), got {self.dual_clip_c}"
+        if self.advantage_clip is not None and self.advantage_clip <= 0:
+            yield "advantage_clip", f"must be > 0 (or null), got {self.advantage_clip}"
+        if self.loss_scale_factor is not None and self.loss_scale_factor < 1:
+            yield "loss_scale_factor", "must be >= 1 (or null)"
+        if self.kl_ctrl == "adaptive" and (self.target_kl is None or self.target_kl <= 0):
+            yield "target_kl", "kl_ctrl adaptive needs a target_kl > 0"
+        if self.kl_horizon < 1:
+            yield "kl_horizon", "must be >= 1"
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lambd <= 1:
+            yield "gamma" if not 0 <= self.gamma <= 1 else "lambd", "must be in [0, 1]"
+        if self.critic_warmup < 0:
+            yield "critic_warmup", "must be >= 0"
+        if self.critic_warmup > 0 and self.adv_estimator != "gae":
+            yield "critic_warmup", f"needs a critic (adv_estimator gae), got adv_estimator {self.adv_estimator!r}"
+        overlong = self.reward_shaping.overlong_penalty
+        max_new = self.actor_infer.generating_args.max_new_tokens
+        if overlong is not None and overlong.buffer_len > max_new:
+            yield (
+                "reward_shaping.overlong_penalty.buffer_len",
+                f"must be <= actor_infer.generating_args.max_new_tokens ({max_new}), got {overlong.buffer_len}",
+            )
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(low, high): the policy ratio is kept in [1 - low, 1 + high]."""
+        low = self.pg_clip if self.pg_clip_low is None else self.pg_clip_low
+        high = self.pg_clip if self.pg_clip_high is None else self.pg_clip_high
+        return low, high
+
+    @property
+    def needs_reference(self) -> bool:
+        """The KL loss or the KL reward penalty needs the reference policy's log-probs."""
+        return self.use_kl_loss or self.add_token_level_kl
 
     def _validate_domains(self) -> Iterator[tuple[str, str]]:
         probs = self.domain_interleave_probs

@@ -12,6 +12,11 @@ schema across domains::
      "ground_truth": "57", "test_cases": ""}
 
 Regenerate the committed files with ``python -m roll_pipeline.data.synthetic --out examples/data --seed 0``.
+
+The open-answer domain (``open``: opposites, plurals and past tenses; its answers are phrases that a judge
+model checks) and the judge's own training data (``judge``: a question, its reference answer, a response
+and the verdict) come from ``write_open_answer_data``:
+``python -m roll_pipeline.data.synthetic --open-answer --out examples/data --seed 0``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import json
 import logging
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,13 +240,208 @@ def write_example_data(
     return paths
 
 
+# --- the open-answer domain and the judge's data ------------------------------------------------------------
+
+# Each word has exactly one answer in its table, so a reference answer is the only right one.
+OPPOSITES: tuple[tuple[str, str], ...] = (
+    ("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("bright", "dark"),
+    ("open", "closed"), ("early", "late"), ("full", "empty"), ("hard", "soft"), ("high", "low"),
+    ("long", "short"), ("wet", "dry"), ("left", "right"), ("rich", "poor"), ("strong", "weak"),
+    ("thick", "thin"), ("loud", "quiet"), ("clean", "dirty"), ("young", "old"), ("up", "down"),
+    ("day", "night"), ("win", "lose"), ("push", "pull"), ("first", "last"), ("near", "far"),
+    ("black", "white"), ("give", "take"), ("buy", "sell"), ("north", "south"), ("east", "west"),
+    ("top", "bottom"), ("inside", "outside"), ("before", "after"), ("always", "never"), ("more", "less"),
+    ("best", "worst"), ("sweet", "sour"), ("heavy", "light"), ("friend", "enemy"), ("begin", "end"),
+)
+# Plurals and past tenses that differ from the word itself, so that repeating the word is always wrong.
+PLURALS: tuple[tuple[str, str], ...] = (
+    ("cat", "cats"), ("dog", "dogs"), ("box", "boxes"), ("bus", "buses"), ("dish", "dishes"),
+    ("fox", "foxes"), ("city", "cities"), ("baby", "babies"), ("story", "stories"), ("leaf", "leaves"),
+    ("knife", "knives"), ("wolf", "wolves"), ("mouse", "mice"), ("child", "children"), ("foot", "feet"),
+    ("tooth", "teeth"), ("man", "men"), ("woman", "women"), ("goose", "geese"), ("person", "people"),
+    ("ox", "oxen"), ("cactus", "cacti"), ("book", "books"), ("tree", "trees"), ("house", "houses"),
+    ("church", "churches"), ("potato", "potatoes"), ("hero", "heroes"), ("day", "days"), ("key", "keys"),
+    ("toy", "toys"), ("glass", "glasses"), ("watch", "watches"), ("wife", "wives"), ("life", "lives"),
+    ("half", "halves"), ("shelf", "shelves"), ("lady", "ladies"), ("party", "parties"), ("bench", "benches"),
+)
+PAST_TENSES: tuple[tuple[str, str], ...] = (
+    ("go", "went"), ("eat", "ate"), ("run", "ran"), ("see", "saw"), ("take", "took"),
+    ("give", "gave"), ("write", "wrote"), ("drink", "drank"), ("swim", "swam"), ("sing", "sang"),
+    ("fly", "flew"), ("draw", "drew"), ("grow", "grew"), ("know", "knew"), ("throw", "threw"),
+    ("speak", "spoke"), ("break", "broke"), ("choose", "chose"), ("drive", "drove"), ("ride", "rode"),
+    ("fall", "fell"), ("feel", "felt"), ("keep", "kept"), ("sleep", "slept"), ("build", "built"),
+    ("send", "sent"), ("bring", "brought"), ("think", "thought"), ("catch", "caught"), ("teach", "taught"),
+    ("find", "found"), ("hold", "held"), ("stand", "stood"), ("sit", "sat"), ("tell", "told"),
+    ("make", "made"), ("meet", "met"), ("pay", "paid"), ("say", "said"), ("forget", "forgot"),
+)
+OPEN_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "opposite": OPPOSITES,
+    "plural": PLURALS,
+    "past": PAST_TENSES,
+}
+OPEN_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "opposite": (
+        "What is the opposite of {w}?",
+        "Give the opposite of the word {w}.",
+        "Name a word that means the opposite of {w}.",
+    ),
+    "plural": (
+        "What is the plural of {w}?",
+        "Write the plural of the word {w}.",
+        "Give the plural form of {w}.",
+    ),
+    "past": (
+        "What is the past tense of {w}?",
+        "Write the past tense of the verb {w}.",
+        "Give the past form of {w}.",
+    ),
+}
+OPEN_TAG_WEIGHTS: dict[str, float] = {"opposite": 0.4, "plural": 0.3, "past": 0.3}
+# How a response can state an answer `{x}` (`{w}`: the word asked about); the same forms serve right and wrong
+# answers, so the judge has to read the answer, not the form. Every form ends with the answer.
+_ANSWER_FORMS: dict[str, tuple[str, ...]] = {
+    "opposite": ("{x}", "{x}.", "The opposite of {w} is {x}.", "It is {x}.", "The answer is {x}."),
+    "plural": ("{x}", "{x}.", "The plural of {w} is {x}.", "It is {x}.", "The answer is {x}."),
+    "past": ("{x}", "{x}.", "The past tense of {w} is {x}.", "It is {x}.", "The answer is {x}."),
+}
+# Responses that answer nothing (what an untrained policy writes): always judged NO.
+_GARBAGE_RESPONSES: tuple[str, ...] = (
+    "I do not know.",
+    "def f(x):\n    return x + 3",
+    "57",
+    "The answer is",
+    "?",
+)
+#: The prompt the tiny judge is trained on, for the llm_judge scorer's ``template`` option (the scorer's own
+#: default, meant for real models, is longer). The response comes first and the reference last, so that the
+#: judge decides right where it has read the reference: did the response end with it?
+TINY_JUDGE_TEMPLATE = "Response: {response}\nReference answer: {reference}\nSame answer?"
+JUDGE_YES, JUDGE_NO = "Verdict: YES", "Verdict: NO"
+# Responses per open-answer question in the judge's data: half of them right.
+JUDGE_RESPONSES_PER_QUESTION = 4
+
+
+def _open_row(rng: random.Random) -> dict:
+    tag = rng.choices(list(OPEN_TAG_WEIGHTS), weights=list(OPEN_TAG_WEIGHTS.values()))[0]
+    word, answer = rng.choice(OPEN_TABLES[tag])
+    if tag == "opposite" and rng.random() < 0.5:
+        word, answer = answer, word
+    return _row("open", tag, rng.choice(OPEN_TEMPLATES[tag]).format(w=word), answer, "")
+
+
+def open_subject(row: dict) -> str:
+    """The word an open-answer prompt asks about."""
+    prompt = _prompt_text(row)
+    for template in OPEN_TEMPLATES[row["tag"]]:
+        match = re.fullmatch(re.escape(template).replace(re.escape("{w}"), "(.+)"), prompt)
+        if match:
+            return match.group(1)
+    raise ValueError(f"open-answer prompt matches no template: {prompt!r}")
+
+
+def generate_open(n: int, seed: int) -> list[dict]:
+    """Return `n` open-answer rows with distinct prompts, fully determined by `seed`."""
+    return _unique_rows(_open_row, n, seed, "open")
+
+
+def _wrong_answers(row: dict) -> tuple[list[str], list[str]]:
+    """Wrong answers to an open-answer row: near misses (the word asked about, a regular form where the right
+    one is irregular) and the other words of its table."""
+    word, answer = open_subject(row), row["ground_truth"]
+    near = [word]
+    if row["tag"] == "plural":
+        near += [word + "s", word + "es"]
+    elif row["tag"] == "past":
+        near += [word + "ed", word.rstrip("e") + "ed"]
+    others = sorted({w for pair in OPEN_TABLES[row["tag"]] for w in pair})
+    near = list(dict.fromkeys(w for w in near if w != answer))
+    return near, [w for w in others if w != answer and w not in near]
+
+
+def _judge_response(row: dict, right: bool, rng: random.Random) -> str:
+    """A response to an open-answer row, right or wrong."""
+    if not right and rng.random() < 0.2:
+        return rng.choice(_GARBAGE_RESPONSES)
+    if right:
+        stated = row["ground_truth"]
+    else:
+        near, others = _wrong_answers(row)
+        stated = rng.choice(near) if rng.random() < 0.5 else rng.choice(others)
+    return rng.choice(_ANSWER_FORMS[row["tag"]]).format(x=stated, w=open_subject(row))
+
+
+def judge_rows(open_rows: Sequence[dict], seed: int, split: str) -> list[dict]:
+    """The judge's data for ``open_rows``: ``JUDGE_RESPONSES_PER_QUESTION`` distinct responses to each
+    question, half of them right, each as a chat row whose prompt is ``TINY_JUDGE_TEMPLATE`` and whose answer
+    is the verdict (``Verdict: YES`` / ``Verdict: NO``). Rows also carry ``question``, ``reference``,
+    ``response`` and ``verdict`` (``YES``/``NO``) as plain fields."""
+    from workers.rewards.llm_judge import render_prompt
+
+    rng = random.Random(f"judge:{split}:{seed}")
+    rows = []
+    for source in open_rows:
+        verdicts = [True, False] * (JUDGE_RESPONSES_PER_QUESTION // 2)
+        rng.shuffle(verdicts)
+        seen: set[str] = set()
+        for right in verdicts:
+            response = _judge_response(source, right, rng)
+            for _ in range(20):  # distinct responses per question, where the forms allow
+                if response not in seen:
+                    break
+                response = _judge_response(source, right, rng)
+            seen.add(response)
+            question, reference = _prompt_text(source), source["ground_truth"]
+            prompt = render_prompt(TINY_JUDGE_TEMPLATE, question, reference, response)
+            rows.append(
+                {
+                    "id": f"judge-{split}-{len(rows):06d}",
+                    "domain": "judge",
+                    "tag": source["tag"],
+                    "messages": [{"role": "user", "content": prompt}],
+                    "ground_truth": JUDGE_YES if right else JUDGE_NO,
+                    "question": question,
+                    "reference": reference,
+                    "response": response,
+                    "verdict": "YES" if right else "NO",
+                }
+            )
+    return rows
+
+
+def write_open_answer_data(
+    out_dir: Path, seed: int = 0, *, n_open_train: int = 400, n_open_val: int = 80
+) -> dict[str, Path]:
+    """Write ``open_{train,val}.jsonl`` (the open-answer domain) and ``judge_{train,val}.jsonl`` (the judge's
+    data, from the questions of the same split) into `out_dir`; return their paths by stem."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    splits = _split(generate_open(n_open_train + n_open_val, seed), n_open_val, "open")
+    written = {}
+    for split, rows in splits.items():
+        written[f"open_{split}"] = rows
+        written[f"judge_{split}"] = judge_rows(rows, seed, split)
+    paths: dict[str, Path] = {}
+    for stem, rows in written.items():
+        path = out_dir / f"{stem}.jsonl"
+        _write_jsonl(path, rows)
+        paths[stem] = path
+        logger.info("wrote %d rows to %s", len(rows), path)
+    return paths
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("examples/data"), help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="generator seed")
+    parser.add_argument(
+        "--open-answer", action="store_true", help="write the open-answer domain and the judge's data instead"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    write_example_data(args.out, seed=args.seed)
+    if args.open_answer:
+        write_open_answer_data(args.out, seed=args.seed)
+    else:
+        write_example_data(args.out, seed=args.seed)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Rewards: a pure scorer per domain (``math_rule``, ``code_sandbox``), a registry, and the generic worker."""
+"""Rewards: a pure scorer per domain (``math_rule``, ``code_sandbox``, ``llm_judge``), a registry, and the generic worker."""
 
 from workers.rewards.base import RewardResult, RewardScorer
 from workers.rewards.registry import available_reward_workers, get_reward_scorer_cls, register_reward_worker

@@ -10,10 +10,22 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-#: Metric names the reward worker writes itself; a scorer's own metrics must not shadow them.
+#: Metric names the reward worker and the rollout metrics write; a scorer's own metrics must not shadow them.
 RESERVED_METRIC_NAMES = frozenset(
-    {"score", "correct", "count", "masked", "masked_error", "masked_timeout", "masked_not_applicable"}
+    {
+        "score",
+        "std",
+        "correct",
+        "count",
+        "masked",
+        "masked_error",
+        "masked_crash",
+        "masked_timeout",
+        "masked_not_applicable",
+        "timed_out",
+    }
 )
 
 
@@ -50,7 +62,15 @@ class RewardScorer:
     Subclasses declare their options as keyword-only parameters of ``__init__`` (with defaults) and pass any
     remaining keyword arguments on to ``super().__init__``, which rejects them by name. Options come from the
     YAML block ``rewards.<domain>.options``.
+
+    The reward worker builds one scorer in each of its scoring processes from the class and the options, so a
+    scorer class must be importable by its ``module:Class`` path (defined at module level) and its options
+    must be plain data.
     """
+
+    #: Modules the worker's process pool imports once, before it starts the scoring processes, so that each
+    #: process (the first ones, and a replacement for one killed at the timeout) starts with them loaded.
+    preload_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: object) -> None:
         if options:
@@ -63,6 +83,10 @@ class RewardScorer:
                 f"{type(self).__name__}: unknown option(s) {sorted(options)}; "
                 f"accepted options: {accepted or 'none'}"
             )
+
+    def warm_up(self) -> None:
+        """Called once in each scoring process before its first sample (import what ``score`` needs, open a
+        client); the time it takes is not counted against any sample's timeout."""
 
     def score(self, response: str, ground_truth: str, **fields: object) -> RewardResult | None:
         """Judge ``response`` against ``ground_truth``; ``fields`` are the sample's other dataset columns.

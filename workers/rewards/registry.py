@@ -16,6 +16,7 @@ import importlib
 import importlib.metadata
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from workers.rewards.base import RewardScorer
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "roll_pipeline.reward_workers"
 
 #: Modules whose import registers the built-in scorers.
-_BUILTIN_MODULES = ("workers.rewards.math_rule", "workers.rewards.code_sandbox")
+_BUILTIN_MODULES = ("workers.rewards.math_rule", "workers.rewards.code_sandbox", "workers.rewards.llm_judge")
 
 _REGISTRY: dict[str, type[RewardScorer]] = {}
 
@@ -117,3 +118,47 @@ def available_reward_workers() -> dict[str, str]:
     names = {ep_name: ep.value for ep_name, ep in _entry_points().items()}
     names.update({name: _class_path(cls) for name, cls in _REGISTRY.items()})
     return dict(sorted(names.items()))
+
+
+@dataclass(frozen=True)
+class RewardWorkerInfo:
+    """One name ``rewards.<domain>.worker`` can take, for ``roll rewards list``."""
+
+    name: str
+    #: The scorer class, as ``module:Class``.
+    target: str
+    #: Where the name comes from: ``built-in``, ``entry point of <distribution> <version>``, or
+    #: ``registered by <module>`` (a ``@register_reward_worker`` outside the built-in modules).
+    source: str
+
+
+def _entry_point_source(entry_point: importlib.metadata.EntryPoint) -> str:
+    dist = entry_point.dist
+    return f"entry point of {dist.name} {dist.version}" if dist is not None else "entry point"
+
+
+def describe_reward_workers() -> list[RewardWorkerInfo]:
+    """Every known name with its class and where it comes from, sorted by name; entry points are not loaded.
+
+    A registered name wins over an entry point of the same name (that is the lookup order of
+    ``get_reward_scorer_cls``); the entry point it hides is listed with ``(hidden by ...)`` in its source.
+    """
+    _import_builtins()
+    entry_points = _entry_points()
+    rows: list[RewardWorkerInfo] = []
+    for name, cls in _REGISTRY.items():
+        target = _class_path(cls)
+        entry_point = entry_points.get(name)
+        if entry_point is not None and entry_point.value == target:
+            rows.append(RewardWorkerInfo(name, target, _entry_point_source(entry_point)))
+            continue
+        builtin = cls.__module__ in _BUILTIN_MODULES
+        source = "built-in" if builtin else f"registered by {cls.__module__}"
+        rows.append(RewardWorkerInfo(name, target, source))
+        if entry_point is not None:
+            hidden = f"{_entry_point_source(entry_point)} (hidden by {target})"
+            rows.append(RewardWorkerInfo(name, entry_point.value, hidden))
+    for name, entry_point in entry_points.items():
+        if name not in _REGISTRY:
+            rows.append(RewardWorkerInfo(name, entry_point.value, _entry_point_source(entry_point)))
+    return sorted(rows, key=lambda row: (row.name, row.source))

@@ -1,25 +1,19 @@
 """The generic reward worker: one per domain, wrapping that domain's pure scorer.
 
 The pipeline wraps ``RewardWorker`` in ``ray.remote`` itself, so this module stays importable and testable
-without Ray. The worker scores a batch concurrently, gives each sample ``timeout_s`` seconds of running time,
-and masks (never zeroes) a sample whose scorer returned ``None``, raised, or ran out of time.
-
-How samples are run is kept behind ``_ThreadRunner.run``: a later change swaps in a process pool, whose
-workers can be killed on timeout, without touching the scoring or the result format.
+without Ray. The worker scores a batch on a pool of processes (``workers.rewards.pool``), gives each sample
+``timeout_s`` seconds of running time, and masks (never zeroes) a sample whose scorer returned ``None``,
+raised, ran out of time, or took its process down with it. The reward is a number per response; the pipeline
+puts it at the response's last valid token (``roll_pipeline.algorithms.advantages.place_at_last_token``), and
+a masked sample leaves the loss.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-from workers.rewards.base import RewardResult, RewardScorer
+from workers.rewards.base import RewardResult
+from workers.rewards.pool import Outcome, ScoringPool
 from workers.rewards.registry import get_reward_scorer_cls
 
 logger = logging.getLogger(__name__)
@@ -27,86 +21,19 @@ logger = logging.getLogger(__name__)
 #: Why a sample was masked; also the suffix of its ``reward/<domain>/masked_<reason>`` count.
 MASK_NOT_APPLICABLE = "not_applicable"
 MASK_ERROR = "error"
+MASK_CRASH = "crash"
 MASK_TIMEOUT = "timeout"
-_MASK_REASONS = (MASK_NOT_APPLICABLE, MASK_ERROR, MASK_TIMEOUT)
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """How one call ended: a value, an exception, or no answer in time."""
-
-    value: Any = None
-    error: BaseException | None = None
-    timed_out: bool = False
-
-
-class _ThreadRunner:
-    """Runs calls on at most ``num_threads`` live threads, each call limited to ``timeout_s`` of running time.
-
-    A thread cannot be killed, so a call that runs out of time is abandoned: its (daemon) thread keeps running
-    until the call returns, its result is dropped, and its slot goes to the next call. A fixed
-    ``ThreadPoolExecutor`` would instead let hung calls hold every slot, and would block interpreter exit.
-    """
-
-    def __init__(self, num_threads: int, timeout_s: float, name: str) -> None:
-        self.num_threads = num_threads
-        self.timeout_s = timeout_s
-        self.name = name
-        self._abandoned: list[threading.Thread] = []
-
-    def run(self, fn: Callable[[Any], Any], items: list[Any]) -> list[_Outcome]:
-        outcomes: list[_Outcome | None] = [None] * len(items)
-        waiting = deque(range(len(items)))
-        deadlines: dict[int, float] = {}
-        threads: dict[int, threading.Thread] = {}
-        finished: queue.SimpleQueue[tuple[int, _Outcome]] = queue.SimpleQueue()
-
-        def call(index: int) -> None:
-            try:
-                outcome = _Outcome(value=fn(items[index]))
-            # Any failure of a scorer, SystemExit included, masks its sample rather than killing the worker.
-            except BaseException as err:
-                outcome = _Outcome(error=err)
-            finished.put((index, outcome))
-
-        while waiting or deadlines:
-            while waiting and len(deadlines) < self.num_threads:
-                index = waiting.popleft()
-                thread = threading.Thread(
-                    target=call, args=(index,), name=f"{self.name}-{index}", daemon=True
-                )
-                deadlines[index] = time.monotonic() + self.timeout_s
-                threads[index] = thread
-                thread.start()
-            try:
-                index, outcome = finished.get(timeout=max(0.0, min(deadlines.values()) - time.monotonic()))
-            except queue.Empty:
-                pass
-            else:
-                # A late answer from an abandoned call has no deadline left and is dropped.
-                if deadlines.pop(index, None) is not None:
-                    outcomes[index] = outcome
-            now = time.monotonic()
-            for index, deadline in list(deadlines.items()):
-                if now >= deadline:
-                    del deadlines[index]
-                    outcomes[index] = _Outcome(timed_out=True)
-                    self._abandoned.append(threads[index])
-        self._abandoned = [t for t in self._abandoned if t.is_alive()]
-        if self._abandoned:
-            logger.warning(
-                "%s: %d timed-out scorer call(s) still running in the background",
-                self.name,
-                len(self._abandoned),
-            )
-        return [outcome for outcome in outcomes if outcome is not None]
+_MASK_REASONS = (MASK_NOT_APPLICABLE, MASK_ERROR, MASK_CRASH, MASK_TIMEOUT)
 
 
 class RewardWorker:
     """Scores batches of one domain's samples with the scorer named by ``worker_spec``.
 
     ``worker_spec`` is a registered name (``math_rule``, ``code_sandbox``), an entry-point name, or a
-    ``package.module:Class`` path; ``options`` are the scorer's options (``rewards.<domain>.options``).
+    ``package.module:Class`` path; ``options`` are the scorer's options (``rewards.<domain>.options``),
+    checked here by building the scorer once. ``num_threads`` is the number of samples scored at once, each in
+    its own process of the worker's pool (the name is kept from when they were threads); the processes start
+    in the background when the worker is built. ``start_timeout_s`` bounds a scoring process's start-up.
     """
 
     def __init__(
@@ -116,6 +43,7 @@ class RewardWorker:
         options: dict,
         timeout_s: float = 30.0,
         num_threads: int = 2,
+        start_timeout_s: float = 120.0,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"reward worker timeout_s must be positive, got {timeout_s!r}")
@@ -123,29 +51,62 @@ class RewardWorker:
             raise ValueError(f"reward worker num_threads must be at least 1, got {num_threads!r}")
         self.domain = domain
         self.timeout_s = timeout_s
-        self.scorer: RewardScorer = get_reward_scorer_cls(worker_spec)(**(options or {}))
-        self._runner = _ThreadRunner(num_threads, timeout_s, name=f"reward-{domain}")
+        scorer_cls = get_reward_scorer_cls(worker_spec)
+        options = dict(options or {})
+        # Built here only to report a bad option at once, in the caller's process; the pool's children build
+        # their own.
+        scorer_cls(**options)
+        self._pool = ScoringPool(
+            scorer_cls,
+            options,
+            size=num_threads,
+            timeout_s=timeout_s,
+            name=f"reward-{domain}",
+            start_timeout_s=start_timeout_s,
+        )
+        self._masked_total = dict.fromkeys(_MASK_REASONS, 0)
+        self._scored_total = 0
 
-    def _score_sample(self, sample: dict) -> RewardResult | None:
-        fields = {k: v for k, v in sample.items() if k not in ("response", "ground_truth")}
-        return self.scorer.score(sample["response"], sample["ground_truth"], **fields)
+    def close(self) -> None:
+        """Stop the scoring processes (also done when the worker is garbage-collected or the run exits)."""
+        self._pool.close()
+
+    def __enter__(self) -> RewardWorker:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def score_batch(self, samples: list[dict]) -> list[dict]:
         """Score each ``{"response", "ground_truth", **fields}`` sample.
 
         Returns, per sample and in order, ``{"score", "correct", "masked", "mask_reason", "metrics"}``;
         a masked sample has ``score`` and ``correct`` set to ``None`` and ``mask_reason`` set to one of
-        ``not_applicable``, ``error``, ``timeout``.
+        ``not_applicable``, ``error``, ``crash``, ``timeout``.
         """
         for i, sample in enumerate(samples):
             missing = {"response", "ground_truth"} - sample.keys()
             if missing:
                 raise KeyError(f"reward worker {self.domain!r}: sample {i} lacks {sorted(missing)}")
-        outcomes = self._runner.run(self._score_sample, samples)
-        return [self._to_record(sample, outcome) for sample, outcome in zip(samples, outcomes, strict=True)]
+        outcomes = self._pool.run(samples)
+        records = [
+            self._to_record(sample, outcome) for sample, outcome in zip(samples, outcomes, strict=True)
+        ]
+        for record in records:
+            if record["masked"]:
+                self._masked_total[record["mask_reason"]] += 1
+            else:
+                self._scored_total += 1
+        return records
 
-    def _to_record(self, sample: dict, outcome: _Outcome) -> dict:
-        if outcome.timed_out:
+    def stats(self) -> dict[str, int]:
+        """Counts since the worker was built: ``scored``, ``masked_<reason>``, and the pool's ``timeouts``,
+        ``crashes`` and ``restarts`` (scoring processes started to replace one that was killed or died)."""
+        masked = {f"masked_{reason}": n for reason, n in self._masked_total.items()}
+        return {"scored": self._scored_total, **masked, **self._pool.stats}
+
+    def _to_record(self, sample: dict, outcome: Outcome) -> dict:
+        if outcome.kind == "timeout":
             logger.warning(
                 "reward worker %r: sample %r timed out after %.1fs; masked",
                 self.domain,
@@ -153,12 +114,17 @@ class RewardWorker:
                 self.timeout_s,
             )
             return _masked(MASK_TIMEOUT)
-        if outcome.error is not None:
+        if outcome.kind == "crash":
             logger.warning(
-                "reward worker %r: scorer failed on sample %r; masked",
+                "reward worker %r: sample %r: %s; masked", self.domain, sample.get("id"), outcome.detail
+            )
+            return _masked(MASK_CRASH)
+        if outcome.kind == "error":
+            logger.warning(
+                "reward worker %r: scorer failed on sample %r; masked\n%s",
                 self.domain,
                 sample.get("id"),
-                exc_info=outcome.error,
+                outcome.detail.rstrip(),
             )
             return _masked(MASK_ERROR)
         result = outcome.value
@@ -188,8 +154,9 @@ def domain_metrics(domain: str, results: list[dict]) -> dict[str, float]:
     """Aggregate ``score_batch`` results into ``reward/<domain>/...`` metrics; a pure function, so the caller that
     holds the results aggregates them where they are instead of sending them back to a worker.
 
-    ``count``, ``masked`` and ``masked_<reason>`` are counts over all samples; ``score``, ``correct`` (a
-    rate) and the mean of each scorer metric are over unmasked samples only, and absent when there are none.
+    ``count``, ``masked`` and ``masked_<reason>`` are counts over all samples, and ``timed_out`` the share of
+    all samples cut at the timeout; ``score``, ``correct`` (a rate) and the mean of each scorer metric are
+    over unmasked samples only, and absent when there are none.
     """
     prefix = f"reward/{domain}"
     scored = [r for r in results if not r["masked"]]
@@ -201,6 +168,8 @@ def domain_metrics(domain: str, results: list[dict]) -> dict[str, float]:
         metrics[f"{prefix}/masked_{reason}"] = float(
             sum(1 for r in results if r["masked"] and r.get("mask_reason") == reason)
         )
+    if results:
+        metrics[f"{prefix}/timed_out"] = metrics[f"{prefix}/masked_{MASK_TIMEOUT}"] / len(results)
     if scored:
         metrics[f"{prefix}/score"] = sum(r["score"] for r in scored) / len(scored)
         metrics[f"{prefix}/correct"] = sum(1.0 for r in scored if r["correct"]) / len(scored)

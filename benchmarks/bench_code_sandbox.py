@@ -1,0 +1,152 @@
+"""Sandboxed executions per second of the code_sandbox scorer, beside bare `python` subprocesses.
+
+    python benchmarks/bench_code_sandbox.py [--seconds 3] [--concurrency 1 2 4]
+
+Three workloads, each at every concurrency (that many threads calling the scorer, and a scorer whose
+``concurrency`` is the same; ``--pool-size`` sets how many sandboxes it keeps started ahead):
+
+* trivial: ``print("hello")`` against one stdin/stdout test (one program run);
+* call-5: a typical function (longest increasing subsequence) against 5 call-based tests (one run, 5 calls);
+* stdio-5: the same task as a stdin/stdout program against 5 tests (5 runs).
+
+Columns: ``pooled``, the scorer as configured (pre-started sandboxes); ``cold``, the same sandbox started at request
+time (the pool's job done on the critical path, for comparison); ``bare``, the same programs as plain subprocesses
+of the same interpreter (``-I -S``), without isolation, harness or judging. Figures are samples scored per second
+(one sample = one program against all its tests). The machine's other load shows up in these numbers: run it on a
+quiet machine and compare only figures taken in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from workers.rewards.code_sandbox import CodeSandboxScorer  # noqa: E402
+from workers.rewards.sandbox.process import Sandbox  # noqa: E402
+
+LIS = """
+def lis(xs):
+    best = []
+    for x in xs:
+        lo, hi = 0, len(best)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if best[mid] < x:
+                lo = mid + 1
+            else:
+                hi = mid
+        best[lo:lo + 1] = [x]
+    return len(best)
+"""
+LIS_INPUTS = [
+    [3, 10, 2, 1, 20],
+    [50, 3, 10, 7, 40, 80],
+    [1, 2, 3, 4],
+    [4, 3, 2, 1],
+    list(range(200, 0, -3)) + [5, 6],
+]
+LIS_OUTPUTS = [3, 4, 4, 1, 3]
+
+WORKLOADS = {
+    "trivial": ('print("hello")\n', {"inputs": [""], "outputs": ["hello\n"]}),
+    "call-5": (LIS, {"fn_name": "lis", "inputs": [[x] for x in LIS_INPUTS], "outputs": LIS_OUTPUTS}),
+    "stdio-5": (
+        LIS + "print(lis(list(map(int, input().split()))))\n",
+        {
+            "inputs": [" ".join(map(str, x)) + "\n" for x in LIS_INPUTS],
+            "outputs": [f"{y}\n" for y in LIS_OUTPUTS],
+        },
+    ),
+}
+
+
+def rate(work, concurrency: int, seconds: float) -> float:
+    """Calls of ``work()`` per second from ``concurrency`` threads, over about ``seconds``."""
+    done = [0] * concurrency
+    stop = time.monotonic() + seconds
+
+    def loop(i: int) -> None:
+        while time.monotonic() < stop:
+            work()
+            done[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(concurrency)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.monotonic() - start)
+
+
+def bare_runner(python: str, name: str):
+    code, tests = WORKLOADS[name]
+    if name == "call-5":
+        driver = code + f"\nimport json\nprint(json.dumps([lis(*a) for a in {tests['inputs']!r}]))\n"
+
+        def work() -> None:
+            out = subprocess.run([python, "-I", "-S", "-c", driver], capture_output=True, check=True).stdout
+            assert json.loads(out) == tests["outputs"]
+
+        return work
+
+    def work() -> None:
+        for stdin, expected in zip(tests["inputs"], tests["outputs"], strict=True):
+            out = subprocess.run([python, "-I", "-S", "-c", code], input=stdin.encode(), capture_output=True)
+            assert out.stdout.decode() == expected
+
+    return work
+
+
+class ColdScorer(CodeSandboxScorer):
+    """The scorer's own judging, but each run's sandbox started at request time instead of ahead."""
+
+    def _run(self, job: dict, stdin: bytes = b""):
+        sandbox = Sandbox(self.spec)
+        sandbox.wait_ready(30.0)
+        limits = self.spec.limits
+        return sandbox.run({**job, "limits": limits.for_job()}, stdin, limits.output_bytes, limits.timeout_s)
+
+
+def scorer_runner(scorer: CodeSandboxScorer, name: str):
+    code, tests = WORKLOADS[name]
+    text = json.dumps(tests)
+
+    def work() -> None:
+        assert scorer.score(code, "", test_cases=text).correct
+
+    return work
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--pool-size", type=int, default=None, help="sandboxes started ahead (default 2x conc)")
+    args = parser.parse_args(argv)
+    print(f"cpus: {os.cpu_count()}  seconds per figure: {args.seconds}  pool size: {args.pool_size or '2x conc'}")
+    print(f"{'workload':<9} {'conc':>4} {'pooled/s':>9} {'cold/s':>8} {'bare/s':>8}  pooled/bare")
+    for name in WORKLOADS:
+        for concurrency in args.concurrency:
+            scorer = CodeSandboxScorer(concurrency=concurrency, pool_size=args.pool_size)
+            try:
+                pooled = rate(scorer_runner(scorer, name), concurrency, args.seconds)
+                cold = rate(scorer_runner(ColdScorer(), name), concurrency, args.seconds)
+                bare = rate(bare_runner(scorer.spec.python, name), concurrency, args.seconds)
+            finally:
+                scorer.close()
+            print(
+                f"{name:<9} {concurrency:>4} {pooled:>9.1f} {cold:>8.1f} {bare:>8.1f}  {pooled / bare:>6.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Validation reports: the sample table and accuracy chart of each validation, and `roll report`'s text.
+
+Artifacts of each validation at step N:
+- `validation/samples_step_<N>.json`: a table (MLflow `log_table`) with the first
+  `tracking.sample_rows_per_tag` responses of every tag: tag, domain, prompt id, sample index, prompt,
+  response, ground truth, reward, verdict (correct / wrong / masked), finish reason and length;
+- `validation/accuracy_by_tag.png`: val_correct/<tag>/mean of every tag (and all) over the validations so far,
+  replaced at each validation.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TABLE_DIR = "validation"
+CHART_FILE = "validation/accuracy_by_tag.png"
+
+
+def table_file(step: int) -> str:
+    return f"{TABLE_DIR}/samples_step_{step:06d}.json"
+
+
+def verdict(correct: bool | None) -> str:
+    return "masked" if correct is None else ("correct" if correct else "wrong")
+
+
+def sample_table(records: Sequence[Mapping[str, Any]], rows_per_tag: int) -> dict[str, list]:
+    """Columns of the first `rows_per_tag` records of every tag, tags in sorted order, records in their order
+    (a prompt's k responses are next to each other)."""
+    by_tag: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    seen: dict[tuple[str, Any], int] = defaultdict(int)
+    rows = []
+    for r in records:
+        index = seen[(r["domain"], r["id"])]
+        seen[(r["domain"], r["id"])] += 1
+        if len(by_tag[r["tag"]]) < rows_per_tag:
+            by_tag[r["tag"]].append(r)
+            rows.append((r["tag"], r, index))
+    rows.sort(key=lambda t: t[0])
+    columns = [
+        "tag",
+        "verdict",
+        "reward",
+        "prompt",
+        "response",
+        "ground_truth",
+        "domain",
+        "prompt_id",
+        "sample",
+        "finish_reason",
+        "response_length",
+    ]
+    table: dict[str, list] = {c: [] for c in columns}
+    for tag, r, index in rows:
+        values = {
+            "tag": tag,
+            "domain": r["domain"],
+            "prompt_id": str(r["id"]),
+            "sample": index,
+            "prompt": r.get("prompt", ""),
+            "response": r["response_text"],
+            "ground_truth": "" if r.get("ground_truth") is None else str(r["ground_truth"]),
+            "reward": None if r["correct"] is None else float(r["score"]),
+            "verdict": verdict(r["correct"]),
+            "finish_reason": r["finish_reason"],
+            "response_length": int(r["response_length"]),
+        }
+        for c in columns:
+            table[c].append(values[c])
+    return table
+
+
+def accuracy_series(history: Mapping[int, Mapping[str, float]]) -> dict[str, list[tuple[int, float]]]:
+    """scope ("all" or a tag) -> [(step, val_correct/<scope>/mean)] over the steps that validated."""
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for step in sorted(history):
+        for key, value in history[step].items():
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "val_correct" and parts[2] == "mean" and not math.isnan(value):
+                series[parts[1]].append((step, value))
+    return dict(sorted(series.items(), key=lambda kv: (kv[0] != "all", kv[0])))
+
+
+def accuracy_chart(history: Mapping[int, Mapping[str, float]]) -> bytes:
+    """A PNG line chart of every tag's validation accuracy (and all's) over the steps in `history`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(8, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for scope, points in accuracy_series(history).items():
+        steps, values = zip(*points, strict=True)
+        ax.plot(
+            steps,
+            values,
+            marker="o",
+            linewidth=2.5 if scope == "all" else 1.5,
+            color="black" if scope == "all" else None,
+            label=scope,
+        )
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("accuracy (val_correct/<tag>/mean)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Validation accuracy by tag")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title="tag")
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def log_validation_artifacts(
+    tracker: Any,
+    step: int,
+    records: Sequence[Mapping[str, Any]],
+    history: Mapping[int, Mapping[str, float]],
+    rows_per_tag: int,
+) -> None:
+    """The sample table of this validation and the accuracy chart over `history` (this step included)."""
+    if rows_per_tag:
+        tracker.log_table(sample_table(records, rows_per_tag), table_file(step))
+    tracker.log_file(accuracy_chart(history), CHART_FILE)
+
+
+# ------------------------------------------------------------------------------------------- roll report
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    run_name: str
+    status: str
+    uri: str
+    accuracy: dict[str, dict[int, float]]
+    """scope -> step -> val_correct/<scope>/mean."""
+    latest: dict[str, float] = field(default_factory=dict)
+    """The run's last value of every validation metric."""
+
+
+def load_report(target: str, uri: str | None = None) -> RunReport:
+    """`target`: a run id, or a run's output_dir (or spool folder), whose spool knows the run id and URI."""
+    from mlflow.tracking import MlflowClient
+
+    from roll_pipeline.tracking.mlflow_tracker import DEFAULT_TRACKING_URI, absolute_uri
+    from roll_pipeline.tracking.spool import Spool
+
+    run_id = target
+    if Path(target).exists():
+        spools = Spool.find(target)
+        if not spools:
+            raise ValueError(f"{target} holds no tracking spool (is it a run's output_dir?)")
+        spool = Spool(spools[-1])
+        if spool.run_id is None:
+            raise ValueError(
+                f"the MLflow run of {spools[-1]} was never created: send it with `roll mlflow sync {target}`"
+            )
+        run_id, uri = spool.run_id, uri or spool.meta["tracking_uri"]
+    uri = absolute_uri(uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    latest = {
+        k: v
+        for k, v in run.data.metrics.items()
+        if k.startswith(("val_correct/", "val_response_length/", "val_truncated/", "val_prompts/"))
+    }
+    accuracy = {}
+    for key in latest:
+        parts = key.split("/")
+        if parts[0] == "val_correct" and parts[-1] == "mean":
+            accuracy[parts[1]] = {m.step: m.value for m in client.get_metric_history(run_id, key)}
+    return RunReport(run_id, run.info.run_name or "", run.info.status, uri, accuracy, latest)
+
+
+def _pick_steps(steps: list[int], most: int) -> list[int]:
+    if len(steps) <= most:
+        return steps
+    picks = {steps[round(i * (len(steps) - 1) / (most - 1))] for i in range(most)}
+    return sorted(picks)
+
+
+def format_report(report: RunReport, max_columns: int = 8) -> str:
+    """The per-tag table: accuracy at each validation step, then every validation metric at the last one."""
+    scopes = sorted(report.accuracy, key=lambda s: (s != "all", s))
+    lines = [f"run {report.run_name} ({report.run_id}), {report.status}, {report.uri}"]
+    if not scopes:
+        lines.append("no validation metrics logged")
+        return "\n".join(lines)
+    width = max(12, *(len(s) + 2 for s in scopes))
+    steps = sorted({step for series in report.accuracy.values() for step in series})
+    shown = _pick_steps(steps, max_columns)
+    lines += [
+        "",
+        "validation accuracy (val_correct/<tag>/mean) by step",
+        f"{'tag':<{width}}" + "".join(f"{'step ' + str(s):>11}" for s in shown),
+    ]
+    for scope in scopes:
+        row = report.accuracy[scope]
+        lines.append(
+            f"{scope:<{width}}" + "".join(f"{row[s]:>11.3f}" if s in row else f"{'-':>11}" for s in shown)
+        )
+
+    suffixes = sorted(
+        {k.split("/")[-1] for k in report.latest if k.startswith("val_correct/")} - {"mean"},
+        key=lambda s: (s.split("_at_")[0], int(s.split("_at_")[-1])),
+    )
+    columns = [("mean@k", "val_correct/{}/mean", ".3f")]
+    columns += [(s.replace("_at_", "@"), "val_correct/{}/" + s, ".3f") for s in suffixes]
+    columns += [
+        ("length", "val_response_length/{}/mean", ".1f"),
+        ("truncated", "val_truncated/{}/rate", ".3f"),
+        ("prompts", "val_prompts/{}/count", ".0f"),
+    ]
+    lines += [
+        "",
+        f"at the last validation (step {steps[-1]})",
+        f"{'tag':<{width}}" + "".join(f"{name:>11}" for name, _, _ in columns),
+    ]
+    for scope in scopes:
+        values = [(report.latest.get(pattern.format(scope)), fmt) for _, pattern, fmt in columns]
+        lines.append(
+            f"{scope:<{width}}" + "".join(f"{'-':>11}" if v is None else f"{v:>11{fmt}}" for v, fmt in values)
+        )
+    return "\n".join(lines)

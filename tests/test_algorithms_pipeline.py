@@ -1,0 +1,223 @@
+"""The algorithms where the pipeline and actor_train use them: config keys and their errors, the reward-shaping and
+advantage stages on a hand-made batch, critic warm-up, and actor_train's whole objective (policy loss, KL loss,
+entropy bonus) giving the same gradient whole or in micro-batches for every policy loss and aggregation mode."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from roll_pipeline import pipeline as pipeline_module
+from roll_pipeline.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, batch_normalizer
+from roll_pipeline.batch import Batch
+from roll_pipeline.config import ConfigError, load_config
+from roll_pipeline.models.forward import log_probs_from_logits
+from roll_pipeline.pipeline import RLVRPipeline
+from tests.conftest import EXAMPLES
+from workers.actor_train import loss_mask, policy_objective
+
+GAE = ["adv_estimator=gae", "critic={training_args: {per_device_train_batch_size: 64, gradient_accumulation_steps: 2}}"]
+
+
+def config(*overrides: str):
+    return load_config(EXAMPLES / "math_code.yaml", list(overrides))
+
+
+def errors(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        config(*overrides)
+    return str(info.value)
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+def test_algorithm_keys_load_from_yaml():
+    cfg = config(
+        "adv_estimator=rloo",
+        "policy_loss=ppo_clip",
+        "pg_clip_low=0.2",
+        "pg_clip_high=0.28",
+        "dual_clip_c=3",
+        "loss_agg_mode=seq-mean-token-sum-norm",
+        "whiten_advantages=true",
+        "advantage_clip=5",
+        "add_token_level_kl=true",
+        "kl_penalty=low_var_kl",
+        "kl_ctrl=adaptive",
+        "target_kl=0.1",
+        "reward_shaping={norm_mean_type: running, norm_std_type: running, reward_clip: 3, "
+        "overlong_penalty: {buffer_len: 8}, difficulty_mask: {low: 0.1, high: 0.9}, length_mask: {max_tokens: 30}}",
+    ).config
+    assert cfg.clip_range == (0.2, 0.28)
+    assert cfg.dual_clip_c == 3.0 and cfg.needs_reference
+    assert cfg.reward_shaping.overlong_penalty.buffer_len == 8
+    assert cfg.reward_shaping.difficulty_mask.low == 0.1
+    assert config("pg_clip=0.1").config.clip_range == (0.1, 0.1)
+    assert not config().config.needs_reference
+
+
+def test_algorithm_config_errors_name_their_keys():
+    msg = errors(
+        "adv_estimator=ppo",
+        "policy_loss=clip",
+        "loss_agg_mode=mean",
+        "kl_penalty=k4",
+        "kl_ctrl=adaptive",
+        "dual_clip_c=1",
+        "pg_clip_low=1.5",
+        "critic_warmup=3",
+        "reward_shaping={norm_std_type: domain, overlong_penalty: {buffer_len: 64}, difficulty_mask: {low: 0.9, high: 0.1}}",
+    )
+    assert "adv_estimator: must be one of ['dr_grpo', 'gae', 'grpo', 'reinforce_plus_plus'" in msg
+    assert "policy_loss: must be one of ['cispo', 'gspo', 'ppo_clip', 'topr'], got 'clip'" in msg
+    assert "loss_agg_mode: must be one of" in msg and "kl_penalty: must be one of" in msg
+    assert "target_kl: kl_ctrl adaptive needs a target_kl > 0" in msg
+    assert "dual_clip_c: must be > 1 (or null), got 1.0" in msg
+    assert "pg_clip_low: must be in (0, 1], got 1.5" in msg
+    assert "critic_warmup: needs a critic (adv_estimator gae), got adv_estimator 'ppo'" in msg
+    assert "reward_shaping.norm_std_type: must be one of ['batch', 'group', 'running'], got 'domain'" in msg
+    assert "reward_shaping.overlong_penalty.buffer_len: must be <= actor_infer.generating_args.max_new_tokens (32)" in msg
+    assert "reward_shaping.difficulty_mask: low (0.9) must be <= high (0.1)" in msg
+    assert "reward_shaping.overlong_penalty.buffer: unknown key" in errors("reward_shaping={overlong_penalty: {buffer: 4}}")
+
+
+# ------------------------------------------------------------------------------------------- pipeline stages
+
+
+def hand_batch() -> Batch:
+    """Two math groups of two responses; the last response is masked (its reward could not be computed)."""
+    response_mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    old = torch.tensor([[-1.0, -1.0, 0.0], [-1.0, -2.0, -1.0], [-0.5, 0.0, 0.0], [-1.0, -1.0, 0.0]])
+    return Batch(
+        {
+            "response_mask": response_mask,
+            "scores": torch.tensor([1.0, 0.0, 1.0, 7.0]),
+            "sample_mask": torch.tensor([1.0, 1.0, 1.0, 0.0]),
+            "group_ids": torch.tensor([0, 0, 1, 1]),
+            "old_log_probs": old,
+            "ref_log_probs": old - torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.5], [1.0, 0.0, 0.0], [3.0, 3.0, 0.0]]),
+        },
+        {"domain": ["math"] * 4, "correct": [True, False, True, None]},
+    )
+
+
+def test_shape_rewards_applies_the_kl_penalty_and_adapts_its_coefficient():
+    pipeline = RLVRPipeline(
+        config("add_token_level_kl=true", "kl_penalty=k1", "kl_ctrl=adaptive", "init_kl_coef=0.1", "target_kl=0.1",
+               "kl_horizon=40")
+    )
+    batch, metrics = pipeline.shape_rewards(hand_batch())
+    # k1 = old - ref per token: [0.5, 0.5], [0, 1, 0.5], [1]; the masked sample gets nothing
+    assert batch["token_level_rewards"].tolist() == [
+        [pytest.approx(-0.05), pytest.approx(0.95), 0.0],
+        [0.0, pytest.approx(-0.1), pytest.approx(-0.05)],
+        [pytest.approx(0.9), 0.0, 0.0],
+        [0.0, 0.0, 0.0],
+    ]
+    # per-response mean KL: 0.5, 0.5, 1.0 -> 2/3 over the 3 samples in the loss; error clipped to +0.2, 4 samples
+    assert metrics["kl_penalty/kl"] == pytest.approx(2 / 3)
+    assert metrics["kl_penalty/coef"] == 0.1
+    assert pipeline.kl_ctrl.value == pytest.approx(0.1 * (1 + 0.2 * 4 / 40))
+    assert metrics["reward_shaping/math/samples_in_loss"] == 3.0
+
+
+def test_shape_rewards_masks_by_difficulty_and_advantages_follow_the_mask():
+    pipeline = RLVRPipeline(
+        config("reward_shaping={difficulty_mask: {low: 0.1, high: 0.9}}", "adv_estimator=rloo", "advantage_clip=0.4")
+    )
+    batch, _ = pipeline.shape_rewards(hand_batch())
+    # group 1 has one valid sample scoring 1 (mean 1 > 0.9): masked; group 0 (mean 0.5) stays
+    assert batch["sample_mask"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    batch = pipeline.compute_advantages(batch)
+    # rloo in group 0: 1 - 0 = 1 and 0 - 1 = -1, clipped to 0.4, on the valid tokens only
+    expected = torch.tensor([[0.4, 0.4, 0.0], [-0.4, -0.4, -0.4], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert torch.equal(batch["advantages"], expected)
+
+
+def test_compute_advantages_whitens_over_the_samples_in_the_loss():
+    pipeline = RLVRPipeline(config("adv_estimator=dr_grpo", "whiten_advantages=true"))
+    batch, _ = pipeline.shape_rewards(hand_batch())
+    adv = pipeline.compute_advantages(batch)["advantages"]
+    # dr_grpo: group 0 -> [0.5, -0.5], group 1 has one valid sample -> 0; tokens [.5,.5,-.5,-.5,-.5,0]
+    tokens = [0.5, 0.5, -0.5, -0.5, -0.5, 0.0]
+    mean = sum(tokens) / 6
+    std = math.sqrt(sum((x - mean) ** 2 for x in tokens) / 5)
+    assert adv[0, :2].tolist() == pytest.approx([(0.5 - mean) / std] * 2, rel=1e-5)
+    assert adv[2, 0] == pytest.approx((0.0 - mean) / std, rel=1e-5)
+    assert adv[3].tolist() == [0.0, 0.0, 0.0] and adv[0, 2] == 0.0
+
+
+class FakeCluster:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+
+    def call_async_dispatch(self, method: str, batch: Batch) -> list[dict[str, float]]:
+        self.calls += 1
+        return [{f"{self.name}/loss": 1.0}, {f"{self.name}/loss": 3.0}]  # two ranks
+
+
+def test_critic_warmup_trains_only_the_critic_for_its_steps(monkeypatch):
+    monkeypatch.setattr(pipeline_module.ray, "get", lambda refs: refs)
+    pipeline = RLVRPipeline(config(*GAE, "critic_warmup=2"))
+    pipeline.actor_train, pipeline.critic = FakeCluster("actor"), FakeCluster("critic")
+    seen = []
+    for step in (1, 2, 3):
+        pipeline.global_step = step
+        seen.append(pipeline.train(Batch()))
+    assert pipeline.critic.calls == 3 and pipeline.actor_train.calls == 1
+    assert [m["critic/warmup"] for m in seen] == [1.0, 1.0, 0.0]
+    assert "actor/loss" not in seen[0] and seen[2]["actor/loss"] == 2.0  # averaged over the actor's ranks only
+    assert seen[2]["critic/loss"] == 2.0
+
+
+# ------------------------------------------------------------------------------------------- actor objective
+
+
+def objective_inputs(seed: int, n: int = 8, width: int = 6, vocab: int = 5):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, width, vocab, generator=gen, requires_grad=True)
+    tokens = torch.randint(0, vocab, (n, width), generator=gen)
+    lengths = torch.randint(1, width + 1, (n,), generator=gen)
+    mask = (torch.arange(width) < lengths.unsqueeze(-1)).float()
+    with torch.no_grad():
+        current, _ = log_probs_from_logits(logits, tokens)
+    batch = Batch(
+        {
+            "response_mask": mask,
+            "sample_mask": torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+            "old_log_probs": current + torch.randn(n, width, generator=gen) * 0.3,
+            "ref_log_probs": current + torch.randn(n, width, generator=gen) * 0.3,
+            "advantages": torch.randn(n, width, generator=gen) * mask,
+        }
+    )
+    return logits, tokens, batch
+
+
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS.names())
+@pytest.mark.parametrize("loss", POLICY_LOSSES.names())
+def test_actor_objective_gives_the_same_gradient_in_micro_batches(mode, loss):
+    cfg = config(
+        f"loss_agg_mode={mode}", f"policy_loss={loss}", "pg_clip_high=0.28", "dual_clip_c=3",
+        "use_kl_loss=true", "kl_loss_coef=0.1", "entropy_loss_coef=0.01",
+    ).config
+    logits, tokens, batch = objective_inputs(0)
+    norm = batch_normalizer(loss_mask(batch), mode)
+
+    def gradient(pieces: list[slice]) -> torch.Tensor:
+        logits.grad = None
+        for rows in pieces:
+            log_probs, entropy = log_probs_from_logits(logits[rows], tokens[rows], with_entropy=True)
+            micro = batch.select(range(8)[rows])
+            objective, parts = policy_objective(log_probs, entropy, micro, cfg, norm)
+            objective.backward()
+        assert {"pg_loss", "clipfrac", "approx_kl", "entropy", "kl_loss"} <= set(parts)
+        return logits.grad.clone()
+
+    whole = gradient([slice(0, 8)])
+    assert whole.abs().sum() > 0
+    assert torch.allclose(whole, gradient([slice(0, 3), slice(3, 6), slice(6, 8)]), atol=1e-6)
+    assert torch.allclose(whole, gradient([slice(i, i + 1) for i in range(8)]), atol=1e-6)

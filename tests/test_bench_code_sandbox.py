@@ -1,0 +1,22 @@
+"""The code sandbox benchmark runs end to end and prints a positive rate for every workload and column."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.bench_code_sandbox import WORKLOADS, main
+from workers.rewards.code_sandbox import CodeSandboxScorer
+from workers.rewards.sandbox.layers import IsolationUnavailable
+
+
+@pytest.mark.slow
+def test_benchmark_prints_every_workload(capsys):
+    try:
+        CodeSandboxScorer().close()
+    except IsolationUnavailable as err:
+        pytest.skip(f"this host cannot isolate the sandbox: {err}")
+    assert main(["--seconds", "0.3", "--concurrency", "1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == list(WORKLOADS)
+    for row in rows:
+        assert row[1] == "1" and all(float(x) > 0 for x in row[2:])

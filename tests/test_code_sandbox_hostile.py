@@ -1,0 +1,511 @@
+"""Hostile programs: for each, the worker survives, the machine is untouched, and the score is 0.
+
+Each test runs real programs in the real sandbox. "Untouched" is checked from the host: no process of the run is
+left (the pool is closed first, so its idle sandboxes do not count), the canary directory (world-writable, so
+only the sandbox stands between it and the program) is as it was, no connection reached the host's listener.
+Programs that try to read or exfiltrate something return what they found; the expected value is what a leak would
+look like, so a leak would score 1, and the failure kind must be ``wrong_answer`` (the program ran to the end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from workers.rewards.code_sandbox import CodeSandboxScorer
+from workers.rewards.sandbox.layers import IsolationUnavailable
+from workers.rewards.sandbox.pool import SandboxPool
+from workers.rewards.sandbox.process import HARNESS_SOURCE
+
+MARKER = f"7{os.getpid() % 1000:03d}.4242"
+#: A new file in the host's /etc: the program must not be able to create it (removed again if it does).
+PLANTED = f"/etc/roll-sandbox-planted-{os.getpid()}"
+SQUARE_ASSERTS = json.dumps({"asserts": ["assert square(2) == 4", "assert square(3) == 9"]})
+SQUARE_CALLS = json.dumps({"fn_name": "square", "inputs": [[2], [3]], "outputs": [4, 9]})
+SUM_STDIO = json.dumps({"inputs": ["1 2\n", "20 22\n"], "outputs": ["3\n", "42\n"]})
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    try:
+        scorer = CodeSandboxScorer(timeout_s=2.0, concurrency=2)
+    except IsolationUnavailable as err:
+        pytest.skip(f"this host cannot isolate the sandbox: {err}")
+    yield scorer
+    scorer.close()
+
+
+@pytest.fixture
+def canary():
+    """A world-writable directory in the host's /tmp with one file in it: only the sandbox protects it."""
+    directory = Path(tempfile.mkdtemp(prefix="roll-sandbox-canary-", dir="/tmp"))
+    (directory / "keep.txt").write_text("original")
+    directory.chmod(0o777)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def leftover_processes() -> list[str]:
+    """Processes of a sandbox run still on the host: harness copies, our marked sleepers, unreaped bubblewraps."""
+    harness_start = HARNESS_SOURCE[:200].encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        zombie_bwrap = stat.split(" ", 2)[1] == "(bwrap)" and stat.rsplit(")", 1)[1].split()[0] == "Z"
+        if harness_start in cmdline or MARKER.encode() in cmdline or zombie_bwrap:
+            found.append(f"{proc.name}: {stat[:40]} {cmdline[:80]!r}")
+    return found
+
+
+def score_hostile(scorer, code, test_cases):
+    """Score ``code``, then check that the run left no process behind (after closing the pool)."""
+    start = time.monotonic()
+    result = scorer.score(code, "", test_cases=test_cases)
+    elapsed = time.monotonic() - start
+    scorer.close()
+    deadline = time.monotonic() + 3.0
+    while leftover_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftover_processes() == []
+    assert result.score == 0.0 and not result.correct
+    return result, elapsed
+
+
+def first_failure(result) -> str:
+    return next(k for k, v in result.metrics.items() if k != "pass_rate" and v == 1.0)
+
+
+def assert_scorer_still_works(scorer):
+    assert scorer.score("def square(x):\n    return x * x\n", "", test_cases=SQUARE_ASSERTS).correct
+
+
+# ---- resource exhaustion and escapes ----
+
+
+@pytest.mark.slow
+def test_infinite_loop(scorer):
+    result, elapsed = score_hostile(scorer, "def square(x):\n    while True:\n        pass\n", SQUARE_ASSERTS)
+    assert first_failure(result) == "timeout"
+    assert elapsed < 6.0
+
+
+@pytest.mark.slow
+def test_sleep_past_the_timeout_holding_children(scorer):
+    code = f"""
+import os, time
+def square(x):
+    for _ in range(3):
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["sleep", "{MARKER}"])
+    time.sleep(100)
+"""
+    result, elapsed = score_hostile(scorer, code, SQUARE_CALLS)
+    assert first_failure(result) == "timeout"
+    assert elapsed < 6.0
+
+
+def test_child_that_calls_setsid_to_escape(scorer):
+    code = f"""
+import os
+def square(x):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["sleep", "{MARKER}"])
+        os._exit(0)
+    return -1
+"""
+    score_hostile(scorer, code, SQUARE_CALLS)
+
+
+@pytest.mark.slow
+def test_fork_bomb(scorer):
+    code = """
+import os
+def square(x):
+    while True:
+        try:
+            os.fork()
+        except OSError:
+            pass
+"""
+    result, _ = score_hostile(scorer, code, SQUARE_CALLS)
+    assert first_failure(result) == "timeout"
+
+
+def test_process_count_is_limited(scorer):
+    # Count how many children can exist at once; the harness itself takes one of the 16 slots.
+    code = """
+import os, time
+n = 0
+try:
+    while n < 1000:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+except OSError:
+    pass
+print(n)
+"""
+    pool = SandboxPool(scorer.spec, concurrency=1)
+    try:
+        output = pool.run({"mode": "stdio", "code": code, "limits": scorer.spec.limits.for_job()})
+    finally:
+        pool.close()
+    assert 0 < int(output.stdout) <= 15
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(8 * 1024 ** 3)\ndef square(x):\n    return x * x\n",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(10 ** 7))\n",
+        "def square(x):\n    return len([0] * (10 ** 10))\n",
+    ],
+    ids=["one-allocation", "gradual", "in-the-call"],
+)
+def test_memory_bomb(scorer, code):
+    result, elapsed = score_hostile(scorer, code, SQUARE_CALLS)
+    assert first_failure(result) == "memory_limit"
+    assert elapsed < 6.0
+
+
+def test_a_gigabyte_of_output(scorer):
+    code = "import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * (1 << 20))\n"
+    result, elapsed = score_hostile(scorer, code, SUM_STDIO)
+    assert first_failure(result) == "output_limit"
+    assert elapsed < 2.0
+
+
+def test_filling_the_disk(scorer):
+    code = """
+import os
+def fill():
+    total = 0
+    block = b"x" * (1 << 20)
+    for directory in ("/tmp", ".", "/", "/dev", "/dev/shm", "/usr", "/var/tmp", "/home"):
+        for i in range(2000):
+            try:
+                with open(os.path.join(directory, f"fill{i}"), "wb") as f:
+                    for _ in range(64):
+                        f.write(block)
+                        f.flush()
+                        total += len(block)
+            except (OSError, ValueError):
+                break
+    return total
+"""
+    score_hostile(scorer, code, json.dumps({"fn_name": "fill", "inputs": [[]], "outputs": [-1]}))
+    # The same program, with its total shown: only the two size-limited tmpfs mounts took data.
+    pool = SandboxPool(scorer.spec, concurrency=1)
+    try:
+        job = {"mode": "stdio", "code": code + "\nprint(fill())\n", "limits": scorer.spec.limits.for_job()}
+        output = pool.run(job)
+    finally:
+        pool.close()
+    written = int(output.stdout)
+    assert 0 < written <= (64 + 8) * 1024 * 1024
+
+
+def test_writing_and_deleting_files_outside_the_temp_dir(scorer, canary):
+    code = f"""
+import os, shutil
+def square(x):
+    for action in (
+        lambda: os.remove({str(canary / "keep.txt")!r}),
+        lambda: open({str(canary / "keep.txt")!r}, "w").write("changed"),
+        lambda: open({str(canary / "new.txt")!r}, "w").write("planted"),
+        lambda: shutil.rmtree({str(canary)!r}),
+        lambda: open({PLANTED!r}, "w").write("planted"),
+    ):
+        try:
+            action()
+        except OSError:
+            pass
+    return -1
+"""
+    try:
+        score_hostile(scorer, code, SQUARE_CALLS)
+        assert not os.path.exists(PLANTED)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(PLANTED)
+    assert sorted(p.name for p in canary.iterdir()) == ["keep.txt"]
+    assert (canary / "keep.txt").read_text() == "original"
+
+
+# ---- reading what it should not ----
+
+
+def test_reading_shadow_environment_and_proc(scorer, monkeypatch):
+    monkeypatch.setenv("ROLL_SANDBOX_TEST_SECRET", "s3cr3t-value")
+    code = """
+import glob, os
+def shadow():
+    try:
+        with open("/etc/shadow") as f:
+            return len(f.read()) > 0
+    except OSError:
+        return False
+def environ():
+    return "ROLL_SANDBOX_TEST_SECRET" in os.environ or any(v == "s3cr3t-value" for v in os.environ.values())
+def proc_environ(pattern):
+    for path in glob.glob(pattern):
+        try:
+            with open(path, "rb") as f:
+                if b"ROLL_SANDBOX_TEST_SECRET" in f.read():
+                    return True
+        except OSError:
+            pass
+    return False
+"""
+    asserts = [
+        "assert shadow()",
+        "assert environ()",
+        "assert proc_environ('/proc/1/environ')",
+        "assert proc_environ('/proc/*/environ')",
+        "import os\nassert os.system('cat /etc/shadow > /tmp/s 2>/dev/null') == 0",
+    ]
+    result, _ = score_hostile(scorer, code, json.dumps({"asserts": asserts}))
+    assert first_failure(result) == "wrong_answer"
+
+
+def test_expected_outputs_never_enter_the_sandbox(scorer):
+    # The program searches everything it can reach for the expected value; finding it would score 1.
+    search = """
+import gc, os, sys
+def find():
+    prefix = "canary" + "-"
+    for obj in gc.get_objects():
+        for text in (obj if isinstance(obj, (list, tuple)) else obj.values() if isinstance(obj, dict) else [obj]):
+            if isinstance(text, str) and prefix in text and text != prefix:
+                return text[text.index(prefix):text.index(prefix) + 11]
+    for frame in sys._current_frames().values():
+        while frame:
+            for value in list(frame.f_locals.values()) + list(frame.f_globals.values()):
+                if isinstance(value, str) and prefix in value and value != prefix:
+                    return value[value.index(prefix):value.index(prefix) + 11]
+            frame = frame.f_back
+    for path in ("/proc/self/cmdline", "/proc/self/environ", "/proc/1/cmdline"):
+        data = open(path, "rb").read().decode(errors="replace")
+        if prefix + "4" in data:
+            return data[data.index(prefix):data.index(prefix) + 11]
+    return None
+"""
+    calls = json.dumps({"fn_name": "find", "inputs": [[]], "outputs": ["canary-4711"]})
+    asserts = json.dumps({"asserts": ["assert find() == 'canary-4711'"]})
+    stdio = json.dumps({"inputs": ["x\n"], "outputs": ["canary-4711\n"]})
+    for tests, program in ((calls, search), (asserts, search), (stdio, search + "\nprint(find())\n")):
+        result, _ = score_hostile(scorer, program, tests)
+        assert first_failure(result) == "wrong_answer"
+
+
+def test_host_loopback_is_unreachable(scorer):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    accepted = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    code = f"""
+import socket
+def reach():
+    for host in ("127.0.0.1", "localhost", "::1"):
+        try:
+            socket.create_connection((host, {port}), timeout=0.5).close()
+            return True
+        except OSError:
+            pass
+    return False
+"""
+    try:
+        result, _ = score_hostile(
+            scorer, code, json.dumps({"fn_name": "reach", "inputs": [[]], "outputs": [True]})
+        )
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert first_failure(result) == "wrong_answer"
+    assert accepted == []
+
+
+def test_the_sandbox_sees_only_its_own_loopback(scorer):
+    code = "import socket\ndef interfaces():\n    return sorted(name for _, name in socket.if_nameindex())\n"
+    tests = json.dumps({"fn_name": "interfaces", "inputs": [[]], "outputs": [["lo"]]})
+    assert scorer.score(code, "", test_cases=tests).correct
+
+
+# ---- attacking the worker ----
+
+
+def test_killing_the_parent_and_kill_minus_one(scorer):
+    code = f"""
+import os, signal
+for pid in (os.getppid(), 1, {os.getpid()}, -1):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+def square(x):
+    return -1
+"""
+    score_hostile(scorer, code, SQUARE_ASSERTS)
+    assert_scorer_still_works(scorer)
+
+
+@pytest.mark.parametrize("module", ["os", "posix"])
+def test_os_system_and_posix_system(scorer, canary, module):
+    code = f"""
+import {module}
+{module}.system("rm -rf {canary}; echo planted > {canary}/new.txt; kill -9 -1 {os.getpid()}")
+{module}.system("echo '{{\\"t\\": 0, \\"passed\\": true}}' >&3; echo '{{\\"ev\\": \\"done\\", \\"ok\\": true}}'")
+def square(x):
+    return -1
+"""
+    score_hostile(scorer, code, SQUARE_CALLS)
+    assert sorted(p.name for p in canary.iterdir()) == ["keep.txt"]
+    assert_scorer_still_works(scorer)
+
+
+# ---- reward hacks ----
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import sys\nsys.exit(0)\ndef square(x):\n    return x * x\n",
+        "import os\nos._exit(0)\ndef square(x):\n    return x * x\n",
+        "raise SystemExit(0)\n",
+    ],
+    ids=["sys.exit", "os._exit", "SystemExit"],
+)
+@pytest.mark.parametrize("tests", [SQUARE_ASSERTS, SQUARE_CALLS], ids=["asserts", "calls"])
+def test_exit_before_the_tests_run(scorer, code, tests):
+    result, _ = score_hostile(scorer, code, tests)
+    assert first_failure(result) == "runtime_error"
+
+
+@pytest.mark.parametrize("tests", [SQUARE_ASSERTS, SQUARE_CALLS], ids=["asserts", "calls"])
+def test_object_whose_eq_is_always_true(scorer, tests):
+    code = """
+class Anything(int):
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = int.__hash__
+def square(x):
+    return Anything(0)
+"""
+    result, _ = score_hostile(scorer, code, tests)
+    assert first_failure(result) == "wrong_answer"
+
+
+def test_atexit_hooks(scorer):
+    code = """
+import atexit, os, sys
+def forge():
+    print("All tests passed")
+    for fd in (1, 2, 3):
+        try:
+            os.write(fd, b'{"t": 0, "p": [{"v": true}]}\\n{"t": 1, "ok": true}\\n{"ev": "done"}\\n')
+        except OSError:
+            pass
+atexit.register(forge)
+sys.exitfunc = forge
+def square(x):
+    return -1
+"""
+    score_hostile(scorer, code, SQUARE_ASSERTS)
+
+
+def test_monkeypatching_the_harness_and_the_assert_machinery(scorer):
+    code = """
+import builtins, json, sys
+harness = sys.modules["__main__"]
+harness.encode = lambda value, depth=0: True
+real_emit = harness._emit
+harness._emit = lambda event: real_emit(dict(event, ok=True, passed=True))
+harness._error_name = lambda err: "Passed"
+builtins.AssertionError = type("NeverRaised", (Exception,), {})
+builtins.isinstance = lambda *a: True
+json.dumps = lambda *a, **k: '{"t": 0, "passed": true}'
+def square(x):
+    return -1
+"""
+    for tests in (SQUARE_ASSERTS, SQUARE_CALLS):
+        score_hostile(scorer, code, tests)
+
+
+def test_walking_stack_frames_to_edit_the_result(scorer):
+    code = """
+import sys
+def square(x):
+    frame = sys._getframe(1)
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, list):
+                value[:] = [{"t": i, "v": True, "passed": True} for i in range(len(value))]
+            elif isinstance(value, dict):
+                for key in list(value):
+                    if isinstance(value[key], (list, bool)):
+                        value[key] = True
+        frame = frame.f_back
+    return -1
+"""
+    for tests in (SQUARE_ASSERTS, SQUARE_CALLS):
+        score_hostile(scorer, code, tests)
+
+
+def test_printing_the_expected_output_then_crashing(scorer):
+    stdio = "a, b = map(int, input().split())\nprint(a + b, flush=True)\nraise RuntimeError('crash')\n"
+    result, _ = score_hostile(scorer, stdio, SUM_STDIO)
+    assert first_failure(result) == "runtime_error"
+    signal_crash = (
+        "import ctypes\na, b = map(int, input().split())\nprint(a + b, flush=True)\nctypes.string_at(0)\n"
+    )
+    result, _ = score_hostile(scorer, signal_crash, SUM_STDIO)
+    assert first_failure(result) == "runtime_error"
+    calls = "def square(x):\n    print(x * x)\n    raise RuntimeError('crash')\n"
+    result, _ = score_hostile(scorer, calls, SQUARE_CALLS)
+    assert first_failure(result) == "runtime_error"
+
+
+def test_fake_result_lines_do_not_pass(scorer):
+    fake = json.dumps({"syntax_error": False, "runtime_error": False, "passed": [True, True]})
+    code = (
+        "import os, sys\n"
+        f"for line in ({fake!r}, '@@roll-sandbox-result:' + '0' * 32 + '@@' + {fake!r}, '{{\"ev\": \"done\"}}'):\n"
+        "    print(line)\n"
+        "    os.write(3, (line + '\\n').encode())\n"
+        "sys.stdout.flush()\n"
+        "os._exit(0)\n"
+    )
+    for tests in (SQUARE_ASSERTS, SQUARE_CALLS):
+        score_hostile(scorer, code, tests)

@@ -1,0 +1,326 @@
+"""Short trainings against a real `mlflow server` on 127.0.0.1 (sqlite backend in tmp), read back through
+MLflow's client API; the same server stopped in the middle of a run and started again; and the run's page in
+the real MLflow UI, opened in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from roll_pipeline.cli import main
+from roll_pipeline.config import load_config
+from roll_pipeline.pipeline import RLVRPipeline
+from roll_pipeline.report import CHART_FILE, table_file
+from roll_pipeline.tracking.mlflow_tracker import server_reachable
+from tests.conftest import EXAMPLES, ROOT
+from tests.test_pipeline_integration import SMALL
+
+ARTIFACTS = ROOT / "test-artifacts"
+VAL_TAGS = ["add", "arith", "list", "string"]  # the tags of the first 4 validation prompts of each domain
+SAMPLED_K2 = [
+    "validation.num_samples=2",
+    "validation.generating_args.do_sample=true",
+    "tracking.sample_rows_per_tag=3",
+    "validation.max_prompts=4",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """`mlflow server` in its own process group, on a fixed port and store, so it can be stopped and started
+    again as the same server."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = (
+            "false"  # no job runner processes: the UI and REST API only
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{self.root}/mlflow.db",
+            "--artifacts-destination",
+            str(self.root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+        ]
+        with (self.root / "server.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while not server_reachable(self.url, timeout_s=1.0):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"mlflow server did not start:\n{(self.root / 'server.log').read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model):
+    """A server and a 2-step run that validates at steps 0, 1 and 2 with k=2 sampled responses per prompt."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    server = MlflowServer(root)
+    server.start()
+    try:
+        output_dir = root / "run"
+        code = main(
+            [
+                "run",
+                str(EXAMPLES / "math_code.yaml"),
+                *SMALL,
+                *SAMPLED_K2,
+                "max_steps=2",
+                "eval_steps=1",
+                f"output_dir={output_dir}",
+                f"tracking.tracking_uri={server.url}",
+                "tracking.experiment_name=served",
+            ]
+        )
+        assert code == 0
+        client = MlflowClient(server.url)
+        (run,) = client.search_runs([client.get_experiment_by_name("served").experiment_id])
+        yield server, client, run, output_dir
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, capsys):
+    server, client, run, output_dir = trained
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+
+    # every tag's validation metrics at every validation step, each once
+    for scope in ["all", *VAL_TAGS]:
+        for metric in ["mean", "pass_at_1", "pass_at_2"]:
+            steps = sorted(m.step for m in client.get_metric_history(run_id, f"val_correct/{scope}/{metric}"))
+            assert steps == [0, 1, 2], (scope, metric)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "val_correct/add/maj_at_2")) == [0, 1, 2]
+    assert "val_correct/list/maj_at_2" not in run.data.metrics  # programs are not voted on
+    for domain in ["math", "code"]:
+        assert 0.0 <= run.data.metrics[f"val_domain/{domain}/correct_mean"] <= 1.0
+    # training and system metrics, per step
+    for key in [
+        "reward/math/score",
+        "reward/code/std",
+        "scheduler/math/groups_kept",
+        "response_length/code/mean",
+        "time/rollout_s",
+        "throughput/rollout_tokens_per_s",
+    ]:
+        assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [1, 2], key
+    for key in ["memory/driver_rss_mb", "memory/actor_train_rss_mb", "memory/reward_code_rss_mb"]:
+        assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [0, 1, 2], key
+    assert run.data.metrics["memory/actor_train_rss_mb"] > 50  # a process holding torch and a model
+
+    # params, run metadata and artifacts
+    assert run.data.params["rollout_batch_size"] == "4"
+    assert run.data.params["validation.num_samples"] == "2"
+    tags = run.data.tags
+    assert tags["roll.model.build_seed"] == "0" and len(tags["roll.model.sha256"]) == 64
+    assert tags["roll.validation.mode"] == "sampled" and tags["domains"] == "math,code"
+    assert len(tags["roll.data.val.1.sha256"]) == 64
+    top = {f.path for f in client.list_artifacts(run_id)}
+    assert "resolved_config.json" in top
+    assert {f.path for f in client.list_artifacts(run_id, "validation")} == {
+        table_file(s) for s in (0, 1, 2)
+    } | {CHART_FILE}
+    logged = json.loads(tags["mlflow.loggedArtifacts"])
+    assert {"path": table_file(2), "type": "table"} in logged
+
+    # the sample table: the first 3 responses of every tag, with a verdict that matches the reward
+    split = json.loads(Path(client.download_artifacts(run_id, table_file(2), str(tmp_path))).read_text())
+    rows = [dict(zip(split["columns"], row, strict=True)) for row in split["data"]]
+    assert sorted({r["tag"] for r in rows}) == VAL_TAGS
+    assert all(sum(r["tag"] == tag for r in rows) <= 3 for tag in VAL_TAGS)
+    for r in rows:
+        assert r["prompt"] and r["response"] is not None
+        assert r["verdict"] in {"correct", "wrong", "masked"}
+        if r["domain"] == "math" and r["verdict"] != "masked":
+            assert r["reward"] == (1.0 if r["verdict"] == "correct" else 0.0)
+    chart = Path(client.download_artifacts(run_id, CHART_FILE, str(tmp_path)))
+    assert chart.read_bytes().startswith(b"\x89PNG")
+
+    # the run's report in the terminal, from its output_dir
+    assert main(["report", str(output_dir)]) == 0
+    out = capsys.readouterr().out
+    for tag in VAL_TAGS:
+        line = next(line for line in out.splitlines() if line.split()[:1] == [tag])
+        assert len(line.split()) == 4, line  # the tag and its accuracy at steps 0, 1 and 2
+
+
+@pytest.mark.slow
+def test_server_outage_mid_run_loses_and_repeats_nothing(tmp_path, tiny_model, monkeypatch):
+    """The server stops after step 1 and comes back after step 3 (same port, same store). Training goes on in
+    between, and in the end every metric of every step is stored exactly once."""
+    # MLflow's client retries a refused request for ~4 minutes by default; the spool makes that unnecessary.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    server = MlflowServer(tmp_path)
+    server.start()
+    overrides = [
+        *SMALL,
+        *SAMPLED_K2,
+        "max_steps=4",
+        "eval_steps=2",
+        f"output_dir={tmp_path / 'run'}",
+        f"tracking.tracking_uri={server.url}",
+        "tracking.experiment_name=outage",
+        "tracking.retry_interval_s=0.5",
+    ]
+    pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
+    seen = {}
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        if step == 1:
+            server.stop()
+            assert not server_reachable(server.url)
+        if step == 3:
+            seen["pending_while_down"] = pipeline.tracker.pending()
+            server.start()
+
+    try:
+        try:
+            pipeline.setup()
+            run_id = pipeline.tracker.run_id
+            pipeline.run(on_step=on_step)
+            assert pipeline.tracker.pending() == 0
+        finally:
+            pipeline.shutdown()
+        assert seen["pending_while_down"] >= 3  # steps 2 and 3, and the validation's table and chart, waited
+        client = MlflowClient(server.url)
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED"
+        expected: dict[str, list[int]] = {}
+        for step, metrics in pipeline.history.items():
+            for key, value in metrics.items():
+                if value == value:  # NaN is not logged
+                    expected.setdefault(key, []).append(step)
+        assert set(run.data.metrics) == set(expected)
+        for key, steps in expected.items():
+            stored = sorted(m.step for m in client.get_metric_history(run_id, key))
+            assert stored == sorted(steps), key  # no gap, no duplicate
+        assert sorted(expected["val_correct/all/mean"]) == [0, 2, 4]
+        assert sorted(expected["reward/all/score"]) == [1, 2, 3, 4]
+        for step in (0, 2, 4):  # tables logged before, during and after the outage, each once
+            split = json.loads(
+                Path(client.download_artifacts(run_id, table_file(step), str(tmp_path))).read_text()
+            )
+            tags = [row[split["columns"].index("tag")] for row in split["data"]]
+            assert all(tags.count(t) <= 3 for t in set(tags)), tags
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_the_run_page_in_the_mlflow_ui_shows_the_per_tag_metrics(trained):
+    """Headless Chromium on the run's page of the real MLflow UI: the per-tag metric names are in its metrics
+    table and its chart sections, and the sample table opens as a table. Screenshots: test-artifacts/."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and chromedriver):
+        pytest.fail("Debian's chromium and chromium-driver are missing: `make browser` installs them")
+    server, _, run, _ = trained
+    ARTIFACTS.mkdir(exist_ok=True)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    # no background connections: this machine's closed network would refuse them
+    for arg in [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1600,1200",
+        f"--user-data-dir={ARTIFACTS / 'chromium-profile'}",
+    ]:
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    wait = WebDriverWait(driver, 60)
+
+    def text() -> str:
+        return driver.find_element(By.TAG_NAME, "body").text
+
+    def scroll_to(xpath: str) -> None:
+        driver.execute_script(
+            "arguments[0].scrollIntoView({block: 'start'})", driver.find_element(By.XPATH, xpath)
+        )
+
+    page = f"{server.url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    names = [f"val_correct/{scope}/mean" for scope in ["all", *VAL_TAGS]]
+    try:
+        driver.get(page)
+        wait.until(lambda _: "val_correct/" in text())
+        for close in driver.find_elements(By.CSS_SELECTOR, "button[aria-label='Close']"):
+            close.click()  # the assistant side panel
+        driver.find_element(By.CSS_SELECTOR, "input[placeholder='Search metrics']").send_keys("val_correct/")
+        wait.until(lambda _: all(name in text() for name in names))
+        assert run.info.run_name in text() and "Finished" in text()
+        scroll_to("//*[starts-with(normalize-space(text()), 'Metrics (')]")
+        driver.save_screenshot(str(ARTIFACTS / "mlflow_ui_run_page.png"))
+
+        driver.find_element(By.XPATH, "//*[normalize-space(text())='Model metrics']").click()
+        wait.until(
+            lambda _: all(f"val_correct/{scope}" in text().splitlines() for scope in ["all", *VAL_TAGS])
+        )
+        scroll_to("(//*[normalize-space(text())='val_correct/add'])[1]")
+        wait.until(
+            lambda _: len(driver.find_elements(By.CSS_SELECTOR, "svg.main-svg")) >= 4
+        )  # plotly has drawn
+        driver.save_screenshot(str(ARTIFACTS / "mlflow_ui_metric_charts.png"))
+
+        driver.get(f"{page}/artifacts/{table_file(2)}")
+        wait.until(
+            lambda _: "View as table" in text() and all(c in text() for c in ["verdict", "reward", "prompt"])
+        )
+        driver.save_screenshot(str(ARTIFACTS / "mlflow_ui_sample_table.png"))
+    finally:
+        driver.quit()
+        shutil.rmtree(ARTIFACTS / "chromium-profile", ignore_errors=True)
