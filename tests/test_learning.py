@@ -1,0 +1,62 @@
+"""The example algorithm configs learn: GRPO, DAPO and PPO with GAE each train the embedded tiny model on a small
+set of arithmetic prompts, and greedy validation accuracy on those prompts must rise.
+
+The configs are examples/grpo.yaml, dapo.yaml and ppo_gae.yaml as they are (algorithm, learning rate, batch
+sizes), cut down only in what a test must: the math domain alone, 32 prompts that are both the training data and
+the validation set (so a short run can show its effect; RL that works raises the reward on what it trains on),
+fewer steps, no checkpoints, a temporary MLflow store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from roll_pipeline.config import load_config
+from roll_pipeline.pipeline import RLVRPipeline
+from tests.conftest import EXAMPLES
+
+PROMPTS = 32
+STEPS = 30
+
+
+def small_math_config(example: str, tmp_path, tiny_model) -> dict:
+    cfg = yaml.safe_load((EXAMPLES / example).read_text())
+    rows = (EXAMPLES / "data" / "math_train.jsonl").read_text().splitlines()[:PROMPTS]
+    data = tmp_path / "math.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    assert {json.loads(r)["tag"] for r in rows} == {"add"}
+    cfg |= {
+        "pretrain": str(tiny_model),
+        "max_steps": STEPS,
+        "eval_steps": 0,
+        "save_steps": 0,
+        "domain_interleave_probs": {"math": 1.0},
+        "rewards": {"math": cfg["rewards"]["math"]},
+        "output_dir": str(tmp_path / "run"),
+    }
+    cfg["data"] |= {"train_files": [str(data)], "val_files": [str(data)]}
+    cfg["validation"] = {**cfg.get("validation", {}), "max_prompts": PROMPTS}
+    cfg["tracking"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment_name": "learning"}
+    return cfg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["grpo.yaml", "dapo.yaml", "ppo_gae.yaml"])
+def test_example_config_raises_validation_accuracy(example, tmp_path, tiny_model):
+    path = tmp_path / example
+    path.write_text(yaml.safe_dump(small_math_config(example, tmp_path, tiny_model)))
+    pipeline = RLVRPipeline(load_config(path, []))
+    try:
+        pipeline.setup()
+        summary = pipeline.run()
+    finally:
+        pipeline.shutdown()
+    start, end = summary["start"]["val_correct/all/mean"], summary["end"]["val_correct/all/mean"]
+    print(f"{example}: val_correct/all/mean {start:.3f} at step 0 -> {end:.3f} at step {summary['steps']}")
+    assert summary["steps"] == STEPS
+    # At least 3 more of the 32 prompts answered right. Runs are not bitwise repeatable on CPU (thread scheduling in
+    # the reductions); measured rises were 4 to 6 prompts per config.
+    gained = round((end - start) * PROMPTS)
+    assert gained >= 3, f"{example}: accuracy {start:.3f} -> {end:.3f} after {STEPS} steps"
