@@ -139,19 +139,19 @@ class StubJudge:
                     stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
                 try:
                     status, text = stub.behaviour(number, body)
-                    payload = json.dumps(
-                        chat_completion(text) if status == 200 else {"error": {"message": text}}
-                    )
-                    data = payload.encode()
-                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                        self.send_response(status)
-                        self.send_header("Content-Type", "application/json")
-                        self.send_header("Content-Length", str(len(data)))
-                        self.end_headers()
-                        self.wfile.write(data)
                 finally:
+                    # Out of flight before the answer is written: once the client has it, it may send the next
+                    # request, which must not find this one still counted.
                     with stub._lock:
                         stub.in_flight -= 1
+                payload = json.dumps(chat_completion(text) if status == 200 else {"error": {"message": text}})
+                data = payload.encode()
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

@@ -314,6 +314,7 @@ def test_the_run_page_in_the_mlflow_ui_shows_the_per_tag_metrics(trained):
         wait.until(
             lambda _: len(driver.find_elements(By.CSS_SELECTOR, "svg.main-svg")) >= 4
         )  # plotly has drawn
+        time.sleep(3)  # the charts in view load their histories one by one: give the screenshot time to show them
         driver.save_screenshot(str(ARTIFACTS / "mlflow_ui_metric_charts.png"))
 
         driver.get(f"{page}/artifacts/{table_file(2)}")
