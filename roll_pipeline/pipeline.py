@@ -23,8 +23,9 @@ from roll_pipeline.algorithms.kl import kl_penalty_rewards
 from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import PipelineConfig, ResolvedConfig
-from roll_pipeline.data.loading import encode_prompts, load_domain_rows
+from roll_pipeline.data.loading import fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
+from roll_pipeline.distributed.placement import DevicePool, plan_for
 from roll_pipeline.report import log_validation_artifacts
 from roll_pipeline.tracking.metadata import run_tags
 from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
@@ -106,11 +107,19 @@ class RLVRPipeline:
         cfg = self.cfg
         self.tokenizer = load_tokenizer(cfg.actor_infer.model_args)
         train_rows = load_domain_rows(cfg.data.train_files, cfg.rewards)
+        require_rows(train_rows, cfg.rewards, cfg.data.train_files)
         val_rows = load_domain_rows(cfg.data.val_files, cfg.rewards) if cfg.data.val_files else {}
-        for domain, rows in train_rows.items():
-            if not rows:
-                raise ValueError(f"rewards.{domain}.tag_included: no training row has one of these tags")
+        # Encoded before Ray starts, so that a prompt over data.prompt_length stops the run in seconds.
+        train = fit_prompts(self.tokenizer, train_rows, cfg.data, "train")
+        val = fit_prompts(self.tokenizer, val_rows, cfg.data, "val")
+        dropped = {
+            f"data/{d}/{split}_prompts_dropped": p.dropped
+            for split, ps in (("train", train), ("val", val))
+            for d, p in ps.items()
+        }
+        plan = plan_for(cfg)  # before Ray starts: a mapping that cannot be placed stops the run at once
         self.owns_ray = init_ray(cfg)
+        self.device_pool = DevicePool.reserve(plan) if plan.slots else None
 
         def make(name: str, cls: type, section: Any, max_concurrency: int | None = None, **kwargs: Any) -> Cluster:
             return Cluster(
@@ -123,6 +132,7 @@ class RLVRPipeline:
                 env_vars=worker_env(section.torch_threads),
                 max_concurrency=max_concurrency,
                 placement=section.placement,
+                device_slots=self.device_pool.worker_options(name) if name in plan.slots else None,
             )
 
         self.actor_train = make(
@@ -142,14 +152,14 @@ class RLVRPipeline:
         for trained in filter(None, [self.actor_train, self.critic]):
             trained.init_process_group()
         ray.get([ref for c in filter(None, [self.actor_train, self.critic]) for ref in c.call_async("initialize")])
-        self.has_validation = any(val_rows.get(d) for d in cfg.domain_interleave_probs)
+        self.has_validation = any(val[d].rows for d in cfg.domain_interleave_probs if d in val)
         self.schedulers = {
             domain: start_scheduler(
                 domain,
-                rows=train_rows[domain],
-                prompt_ids=encode_prompts(self.tokenizer, train_rows[domain], cfg.data),
-                val_rows=val_rows.get(domain, []),
-                val_prompt_ids=encode_prompts(self.tokenizer, val_rows.get(domain, []), cfg.data),
+                rows=train[domain].rows,
+                prompt_ids=train[domain].prompt_ids,
+                val_rows=val[domain].rows if domain in val else [],
+                val_prompt_ids=val[domain].prompt_ids if domain in val else [],
                 pipeline_config=cfg,
                 infer_workers=self.actor_infer.workers,
                 reward_workers=self.rewards[domain].workers,
@@ -160,6 +170,7 @@ class RLVRPipeline:
         self.tracker.log_params(dataclasses.asdict(cfg))
         self.tracker.log_dict(self.resolved.to_dict(), "resolved_config.json")
         self.tracker.set_tags({**run_tags(self.resolved, cfg.tracking.hash_inputs), "pretrain": cfg.pretrain})
+        self.tracker.log_metrics(dropped, step=0)
         clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.rewards.values()]
         self.memory = MemoryProbe({c.name: c.workers for c in clusters if c is not None})
         self.answer_keys = answer_keys({domain: r.worker for domain, r in cfg.rewards.items()})
@@ -415,6 +426,9 @@ class RLVRPipeline:
                 cluster.shutdown()
         for cluster in getattr(self, "rewards", {}).values():
             cluster.shutdown()
+        if getattr(self, "device_pool", None) is not None:
+            self.device_pool.release()
+            self.device_pool = None
         if self.owns_ray:
             ray.shutdown()
             self.owns_ray = False

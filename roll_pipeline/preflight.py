@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from roll_pipeline.config import ResolvedConfig
-from roll_pipeline.data.loading import DataError, encode_prompts, load_domain_rows
+from roll_pipeline.data.loading import (
+    DataError,
+    RowCheck,
+    check_rows,
+    fit_prompts,
+    load_domain_rows,
+    require_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -15,24 +25,95 @@ class Check:
     name: str
     ok: bool
     detail: str
+    skipped: bool = False
+    """Not checked on this host, and no failure: it is checked where the run happens (a hub model that the
+    workers download, vLLM and the GPUs of a GPU cluster). Printed as [skip]; such a check has ok True."""
 
 
-def _model_check(key: str, path: str) -> Check:
+def not_checked(name: str, detail: str) -> Check:
+    return Check(name, True, detail, skipped=True)
+
+
+#: What each model key is loaded as (workers/strategies/loading.py): the critic is a token-classification model
+#: with a one-output head, every other model a causal LM.
+_AUTO_CLASS = {"critic.model_args.model_name_or_path": "AutoModelForTokenClassification"}
+
+
+def _model_check(key: str, path: str, auto_class: str = "AutoModelForCausalLM") -> Check:
     from transformers import AutoConfig
 
     local = Path(path)
+    if not local.is_absolute():  # resolve() keeps only hub ids relative
+        return _hub_model_check(key, path, auto_class)
     if local.is_absolute() and not local.is_dir():
-        hint = " (build the embedded model with `roll model build-tiny` or `make model`)" if "tiny" in path else ""
-        return Check(key, False, f"model path {path} does not exist{hint}")
+        hint = (
+            " (build the embedded model with `roll model build-tiny` or `make model`)"
+            if "tiny" in path
+            else ""
+        )
+        what = "is a file, not a model folder" if local.exists() else "does not exist"
+        return Check(key, False, f"model path {path} {what}{hint}")
+    if local.is_absolute() and not (local / "config.json").is_file():
+        held = sorted(p.name for p in local.iterdir())[:8]
+        return Check(
+            key,
+            False,
+            f"model path {path} has no config.json, so it is not a Hugging Face model folder "
+            f"(it holds: {', '.join(held) or 'nothing'})",
+        )
     where = path if local.is_absolute() else f"hub id {path}"
     try:
         config = AutoConfig.from_pretrained(path)
     except Exception as exc:  # transformers raises OSError/ValueError/... for a bad folder
         return Check(key, False, f"{where}: cannot load a model config: {exc}")
+    problem = _head_problem(config, auto_class)
+    if problem:
+        source = f"{path}/config.json" if local.is_absolute() else where
+        return Check(key, False, f"{source}: {problem}")
     return Check(key, True, f"{where} ({config.model_type})")
 
 
-def preflight(resolved: ResolvedConfig) -> list[Check]:
+def _head_problem(config, auto_class: str) -> str | None:
+    """Why `auto_class` cannot load a model of this config as a trained model, or None."""
+    from transformers.models.auto import modeling_auto
+
+    if auto_class in (getattr(config, "auto_map", None) or {}):
+        return None  # the checkpoint's own code declares the class
+    if auto_class == "AutoModelForCausalLM":
+        causal = set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+        architectures = list(getattr(config, "architectures", None) or [])
+        # model_type alone is not enough: BERT has a causal-LM class, but a BERT checkpoint is an encoder.
+        if architectures and not causal.intersection(architectures):
+            return (
+                f"field 'architectures' is {architectures} (model_type {config.model_type!r}): not a causal LM; "
+                "the policy must be a decoder that AutoModelForCausalLM loads, such as Qwen2ForCausalLM"
+            )
+        if config.model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            return f"field 'model_type' is {config.model_type!r}, which AutoModelForCausalLM cannot load"
+        return None
+    if config.model_type not in modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
+        return f"field 'model_type' is {config.model_type!r}, which {auto_class} (the critic's value model) cannot load"
+    return None
+
+
+def _model_checks(model_keys: dict[str, str]) -> dict[str, Check]:
+    """One check per model key; keys that name the same path and class share one report line."""
+    targets: dict[tuple[str, str], list[str]] = {}
+    for key, path in model_keys.items():
+        targets.setdefault((path, _AUTO_CLASS.get(key, "AutoModelForCausalLM")), []).append(key)
+    checks: dict[str, Check] = {}
+    for (path, auto_class), keys in targets.items():
+        check = _model_check(keys[0], path, auto_class)
+        if len(keys) > 1:
+            sharing = ", ".join(k.split(".")[0] for k in keys[1:])
+            check = dataclasses.replace(check, detail=f"{check.detail} (the same for {sharing})")
+        checks.update(dict.fromkeys(keys, check))
+    return checks
+
+
+def preflight(resolved: ResolvedConfig, dry_run: bool = False) -> list[Check]:
+    """Every check of a run. `dry_run`: what only a GPU cluster can provide (vLLM, its GPUs) is [skip] on a host
+    without them; for a real run it fails here unless the run joins a Ray cluster (ray.address, RAY_ADDRESS)."""
     cfg = resolved.config
     checks: list[Check] = [Check("config", True, f"{resolved.config_path} is valid")]
     model_keys = {"pretrain": cfg.pretrain}
@@ -40,37 +121,67 @@ def preflight(resolved: ResolvedConfig) -> list[Check]:
         section = getattr(cfg, name)
         if section is not None:
             model_keys[f"{name}.model_args.model_name_or_path"] = section.model_args.model_name_or_path
-    model_checks = {key: _model_check(key, path) for key, path in model_keys.items()}
-    checks += model_checks.values()
+    model_checks = _model_checks(model_keys)
+    checks += [c for key, c in model_checks.items() if c.name == key]
 
     checks += _reward_checks(cfg)
-    checks += _strategy_checks(cfg)
+    checks += _strategy_checks(cfg, dry_run)
+    checks += _plan_checks(cfg, dry_run)
 
     tokenizer = None
-    if model_checks["actor_infer.model_args.model_name_or_path"].ok:
+    # A hub id's tokenizer is not loaded here, even from the cache, so that a dry run never downloads.
+    if (
+        model_checks["actor_infer.model_args.model_name_or_path"].ok
+        and Path(cfg.actor_infer.model_args.model_name_or_path).is_absolute()
+    ):
         from workers.strategies.loading import load_tokenizer
 
         try:
             tokenizer = load_tokenizer(cfg.actor_infer.model_args)
         except Exception as exc:  # any loading failure is a finding to report, not a crash
             checks.append(Check("tokenizer", False, f"cannot load the tokenizer: {exc}"))
+    row_checks = _row_checks(cfg)
     for split, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files)):
         if not files:
             continue
         try:
             routed = load_domain_rows(files, cfg.rewards)
-            for domain, rows in routed.items():
-                if split == "train" and not rows:
-                    raise DataError(f"no {split} row has a tag in rewards.{domain}.tag_included")
-                if tokenizer is not None:
-                    encode_prompts(tokenizer, rows, cfg.data)
-            counts = ", ".join(f"{d}={len(r)}" for d, r in routed.items())
-            checks.append(Check(f"data.{split}_files", True, f"{len(files)} file(s), rows per domain: {counts}"))
+            check_rows(routed, row_checks)
+            if split == "train":
+                require_rows(routed, cfg.rewards, files)
+            detail = f"{len(files)} file(s), rows per domain: " + ", ".join(
+                f"{d}={len(r)}" for d, r in routed.items()
+            )
+            if tokenizer is not None:
+                dropped = {
+                    d: p.dropped
+                    for d, p in fit_prompts(tokenizer, routed, cfg.data, split, warn=False).items()
+                }
+                if any(dropped.values()):
+                    counts = ", ".join(f"{d}={n}" for d, n in dropped.items())
+                    detail += (
+                        f"; dropped as longer than data.prompt_length={cfg.data.prompt_length}: {counts}"
+                    )
+            checks.append(Check(f"data.{split}_files", True, detail))
         except DataError as exc:
             checks.append(Check(f"data.{split}_files", False, str(exc)))
     shares = ", ".join(f"{d}={n}" for d, n in resolved.domain_shares.items())
     checks.append(Check("domain shares", True, f"prompts per step: {shares}"))
     return checks
+
+
+def _row_checks(cfg) -> dict[str, RowCheck]:
+    """Each domain's reward scorer's row check; a domain whose scorer does not load is reported by
+    `_reward_checks` and its rows go unchecked."""
+    from workers.rewards.registry import get_reward_scorer_cls
+
+    out = {}
+    for domain, reward in cfg.rewards.items():
+        try:
+            out[domain] = get_reward_scorer_cls(reward.worker).check_row
+        except Exception:  # reported once, by _reward_checks
+            continue
+    return out
 
 
 def _reward_checks(cfg) -> list[Check]:
@@ -90,7 +201,9 @@ def _reward_checks(cfg) -> list[Check]:
     return out
 
 
-def _strategy_checks(cfg) -> list[Check]:
+def _strategy_checks(cfg, dry_run: bool) -> list[Check]:
+    import torch
+
     from workers.strategies.vllm_infer import StrategyUnavailable, check_vllm_available
 
     name = cfg.actor_infer.strategy_args.strategy_name
@@ -100,12 +213,113 @@ def _strategy_checks(cfg) -> list[Check]:
     try:
         check_vllm_available()
     except StrategyUnavailable as exc:
-        return [Check(key, False, str(exc))]
-    return [Check(key, True, "vllm")]
+        if torch.cuda.is_available() or not (dry_run or _ray_cluster(cfg)):
+            return [Check(key, False, str(exc))]
+        importable = "importable" if importlib.util.find_spec("vllm") is not None else "not importable"
+        return [
+            not_checked(
+                key,
+                f"vllm is {importable} here and this host has no CUDA GPU; actor_infer checks both on its GPU "
+                "node when it starts (pip install 'roll-pipeline[gpu]' there)",
+            )
+        ]
+    return [Check(key, True, "vllm (importable, CUDA GPU here)")]
+
+
+# --- the placement plan ----------------------------------------------------------------------------------------
+
+
+def _hub_model_check(key: str, hub_id: str, auto_class: str) -> Check:
+    """A hub id is read from the local Hugging Face cache only: a dry run never downloads a model, and never
+    asks the hub anything (the cache is looked up on disk, then the cached snapshot is loaded as a folder)."""
+    from huggingface_hub import try_to_load_from_cache
+    from transformers import AutoConfig
+
+    try:
+        cached = try_to_load_from_cache(hub_id, "config.json")
+        config = AutoConfig.from_pretrained(Path(cached).parent) if isinstance(cached, str) else None
+    except Exception:  # a broken cache entry is no better than none
+        config = None
+    if config is None:
+        return not_checked(
+            key,
+            f"hub id {hub_id}: not in the local Hugging Face cache, so not checked here; the run downloads it "
+            "where it loads the model (on a cluster: the nodes need the hub or a shared HF_HOME)",
+        )
+    problem = _head_problem(config, auto_class)
+    if problem:
+        return Check(key, False, f"hub id {hub_id}: {problem}")
+    return Check(
+        key, True, f"hub id {hub_id} ({config.model_type}; config from the local Hugging Face cache)"
+    )
+
+
+def _ray_cluster(cfg) -> str | None:
+    """The Ray cluster a run joins, if any (else it starts one on this host)."""
+    return cfg.ray.address or os.environ.get("RAY_ADDRESS")
+
+
+def _plan_checks(cfg, dry_run: bool) -> list[Check]:
+    """The placement plan (the GPU pool, which clusters share which GPUs, what Ray places by itself) and
+    whether this host can run it."""
+    from roll_pipeline.distributed.placement import PlanError, describe, plan_for
+
+    try:
+        plan = plan_for(cfg)
+    except PlanError as exc:
+        return [Check("plan", False, line) for line in str(exc).splitlines()]
+    checks = [Check("plan", True, line) for line in describe(plan)]
+    host = _host_gpu_check(cfg, plan, dry_run)
+    return checks + ([host] if host else [])
+
+
+def _host_gpu_check(cfg, plan, dry_run: bool) -> Check | None:
+    import torch
+
+    from roll_pipeline.distributed.placement import check_capacity
+
+    unmapped = sum(d.world_size * d.gpus_per_worker for d in plan.unmapped)
+    if not plan.num_nodes and not unmapped:
+        return None
+    need = (
+        f"{plan.num_nodes} node{'s' if plan.num_nodes > 1 else ''} x {plan.gpus_per_node} GPUs"
+        if plan.num_nodes
+        else f"{unmapped:g} GPU(s)"
+    )
+    cluster = _ray_cluster(cfg)
+    if cluster:
+        return not_checked(
+            "plan", f"needs {need}: checked against the Ray cluster at {cluster} when the run starts"
+        )
+    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    fits = not check_capacity(plan, [here]) if plan.num_nodes else here >= unmapped
+    if fits:
+        return Check("plan", True, f"needs {need}; this host has {here} GPU(s): enough")
+    if dry_run:
+        return not_checked(
+            "plan",
+            f"needs {need}; this host has {here} GPU(s), so not checked here: a run checks it against "
+            "its Ray cluster when it starts",
+        )
+    return Check(
+        "plan",
+        False,
+        f"needs {need}; this host has {here} GPU(s) and no Ray cluster is configured: start Ray on "
+        "such nodes and set ray.address (or RAY_ADDRESS)",
+    )
 
 
 def run_checks(resolved: ResolvedConfig, echo: Callable[[str], None]) -> bool:
-    checks = preflight(resolved)
+    """Print every check of a dry run; True (exit code 0) when none failed. [skip] findings do not fail a dry
+    run: they are what only the cluster can check (hub models not in the cache, vLLM and GPUs on a CPU host),
+    so a CPU machine (CI) can dry-run a GPU config; a summary line counts them."""
+    checks = preflight(resolved, dry_run=True)
     for c in checks:
-        echo(f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+        detail = c.detail.replace("\n", "\n    ")  # a listing's lines stay under their check
+        label = "skip" if c.skipped else "ok" if c.ok else "FAIL"
+        echo(f"  [{label}] {c.name}: {detail}")
+    skipped = [c.name for c in checks if c.skipped]
+    if skipped:
+        names = ", ".join(dict.fromkeys(skipped))
+        echo(f"{len(skipped)} not checked on this host ([skip]: {names}); they do not fail a dry run")
     return all(c.ok for c in checks)

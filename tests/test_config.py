@@ -71,7 +71,53 @@ def test_unknown_key_inside_a_domain(tmp_path):
 
 def test_wrong_type_names_path_and_types(tmp_path):
     msg = error_of(tmp_path, {**BASE, "max_steps": "ten"})
+    assert msg == f"{tmp_path / 'cfg.yaml'}:2: max_steps: expected int, got 'ten' (str)"
+
+
+def test_errors_name_the_line_of_the_key_in_the_file(tmp_path):
+    bad = {**BASE, "data": {"train_files": ["x.jsonl"], "prompt_lenght": 8}}
+    path = tmp_path / "cfg.yaml"
+    msg = error_of(tmp_path, bad)
+    line = path.read_text().splitlines().index("  prompt_lenght: 8") + 1
+    assert msg == f"{path}:{line}: data.prompt_lenght: unknown key (did you mean 'prompt_length'?)"
+    # A value out of range names its own line; a key missing from a section names the section's line.
+    msg = error_of(tmp_path, {**BASE, "data": {"train_files": ["x.jsonl"], "on_long_prompt": "skip"}})
+    line = path.read_text().splitlines().index("  on_long_prompt: skip") + 1
+    assert msg == f"{path}:{line}: data.on_long_prompt: expected one of ['error', 'drop'], got 'skip'"
+    msg = error_of(tmp_path, {**BASE, "data": {"prompt_length": 8}})
+    data_line = path.read_text().splitlines().index("data:") + 1
+    assert msg == f"{path}:{data_line}: data.train_files: required key is missing"
+
+
+def test_errors_from_overrides_name_no_line(tmp_path):
+    msg = error_of(tmp_path, BASE, ["max_steps=ten"])
     assert msg == "max_steps: expected int, got 'ten' (str)"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "exp_name: x\ndata:\n  train_files: [a.jsonl\n  prompt_length: 8\n",
+            "cfg.yaml:4:16: not valid YAML: expected ',' or ']', but got ':' "
+            "(while parsing a flow sequence at line 3)\n      prompt_length: 8\n                   ^",
+        ),
+        (
+            "exp_name: x\nmax_steps: 3: 4\n",
+            "cfg.yaml:2:13: not valid YAML: mapping values are not allowed here\n    max_steps: 3: 4\n",
+        ),
+        (
+            "exp_name: x\n\tmax_steps: 3\n",
+            "cfg.yaml:2:1: not valid YAML: found character '\\t' that cannot start",
+        ),
+    ],
+)
+def test_malformed_yaml_names_file_line_and_column(tmp_path, text, expected):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{tmp_path}/{expected}")
 
 
 def test_missing_required_key(tmp_path):
@@ -120,7 +166,9 @@ def test_same_tag_in_two_domains(tmp_path):
 
 
 def test_gae_needs_a_critic(tmp_path):
-    assert "critic: adv_estimator gae needs a critic section" in error_of(tmp_path, BASE, ["adv_estimator=gae"])
+    assert "critic: adv_estimator gae needs a critic section" in error_of(
+        tmp_path, BASE, ["adv_estimator=gae"]
+    )
 
 
 def test_references_keep_types_and_embed_in_strings():

@@ -48,7 +48,9 @@ def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_mode
         assert len(nodes) == 2
         for cluster in (pipeline.actor_infer, pipeline.actor_train):
             placed = cluster.node_ids()
-            assert len(set(placed)) == 2 and set(placed) == nodes, f"{cluster.name} ranks share a node: {placed}"
+            assert len(set(placed)) == 2 and set(placed) == nodes, (
+                f"{cluster.name} ranks share a node: {placed}"
+            )
         summary = pipeline.run()
         assert summary["steps"] == 2
         # both actor_infer ranks served generation requests
@@ -64,7 +66,10 @@ def test_an_impossible_placement_fails_with_a_clear_error():
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        with pytest.raises(RuntimeError, match=r"actor_infer: could not place 2 worker\(s\) .* 'strict_spread' .* over 1 node"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"actor_infer: could not place 2 worker\(s\) .* 'strict_spread' .* over 1 node",
+        ):
             reserve_bundles("actor_infer", 2, 1.0, 0.0, "strict_spread", timeout_s=2)
     finally:
         ray.shutdown()

@@ -8,6 +8,7 @@ exactly what a run uses.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import re
@@ -140,6 +141,8 @@ def _dacite_message(exc: dacite.DaciteError) -> str:
     if isinstance(exc, dacite.MissingValueError):
         return f"{exc.field_path}: required key is missing"
     if isinstance(exc, dacite.WrongTypeError):
+        if typing.get_origin(exc.field_type) is typing.Literal:
+            return f"{exc.field_path}: expected one of {list(typing.get_args(exc.field_type))}, got {exc.value!r}"
         expected = getattr(exc.field_type, "__name__", str(exc.field_type))
         return f"{exc.field_path}: expected {expected}, got {exc.value!r} ({type(exc.value).__name__})"
     return str(exc)
@@ -166,13 +169,73 @@ def from_dict(data: Mapping[str, Any]) -> PipelineConfig:
     if unknown:
         raise ConfigError("\n".join(unknown))
     try:
-        cfg = dacite.from_dict(PipelineConfig, dict(data), config=dacite.Config(strict=True, type_hooks={float: _as_float}))
+        cfg = dacite.from_dict(
+            PipelineConfig, dict(data), config=dacite.Config(strict=True, type_hooks={float: _as_float})
+        )
     except dacite.DaciteError as exc:
         raise ConfigError(_dacite_message(exc)) from None
     problems = list(_validation_errors(cfg, ""))
     if problems:
         raise ConfigError("\n".join(problems))
     return cfg
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> str:
+    """`file:line:column: problem`, the offending line with a caret under the column, and what the parser was
+    in the middle of (PyYAML's own text names an anonymous "<unicode string>" instead of the file)."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return f"{path}: not valid YAML: {exc}"
+    message = (
+        f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {getattr(exc, 'problem', None) or exc}"
+    )
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and context_mark is not None:
+        message += f" ({context} at line {context_mark.line + 1})"
+    snippet = mark.get_snippet(indent=4, max_length=100)
+    return message + (f"\n{snippet}" if snippet else "")
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """The 1-based line of every mapping key in a YAML text, by dotted key path (list items by index)."""
+    lines: dict[str, int] = {}
+
+    def walk(node: yaml.Node | None, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    where = f"{path}.{key.value}" if path else str(key.value)
+                    lines.setdefault(where, key.start_mark.line + 1)
+                    walk(value, where)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, value in enumerate(node.value):
+                walk(value, f"{path}.{i}")
+
+    with contextlib.suppress(yaml.YAMLError):  # an unparsable file has no lines to give
+        walk(yaml.compose(text), "")
+    return lines
+
+
+def _with_lines(message: str, path: Path, overrides: list[str]) -> str:
+    """Prefix each `key.path: problem` line of a ConfigError with `file:line` of that key (or of its nearest
+    enclosing key) in the config file; keys set by a command-line override are left as they are."""
+    try:
+        lines = key_lines(path.read_text())
+    except OSError:
+        return message
+    overridden = [item.partition("=")[0] for item in overrides]
+    out = []
+    for line in message.splitlines():
+        key = line.split(": ", 1)[0]
+        if " " in key or any(key == o or key.startswith(o + ".") for o in overridden):
+            out.append(line)
+            continue
+        parts = key.split(".")
+        found = next(
+            (lines[p] for p in (".".join(parts[:n]) for n in range(len(parts), 0, -1)) if p in lines), None
+        )
+        out.append(line if found is None else f"{path}:{found}: {line}")
+    return "\n".join(out)
 
 
 def load_raw(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -184,7 +247,7 @@ def load_raw(path: str | Path, overrides: list[str] | None = None) -> dict[str, 
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(_yaml_error(path, exc)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the config must be a YAML mapping at the top level")
     return interpolate(apply_overrides(raw, overrides or []))
@@ -239,7 +302,9 @@ def resolve(cfg: PipelineConfig, config_path: str | Path) -> ResolvedConfig:
             return None
         name = section.model_args.model_name_or_path
         path = pretrain if name is None else resolve_model_path(name, base)
-        return dataclasses.replace(section, model_args=dataclasses.replace(section.model_args, model_name_or_path=path))
+        return dataclasses.replace(
+            section, model_args=dataclasses.replace(section.model_args, model_name_or_path=path)
+        )
 
     data = dataclasses.replace(
         cfg.data,
@@ -270,4 +335,9 @@ def resolve(cfg: PipelineConfig, config_path: str | Path) -> ResolvedConfig:
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ResolvedConfig:
     """Read, interpolate, override, validate and resolve a pipeline config file."""
-    return resolve(from_dict(load_raw(path, overrides)), path)
+    raw = load_raw(path, overrides)
+    try:
+        cfg = from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(_with_lines(str(exc), Path(path), overrides or [])) from None
+    return resolve(cfg, path)

@@ -6,6 +6,7 @@ paths and reports every problem at once. Field names follow ROLL's where they me
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -92,9 +93,23 @@ class ClusterConfig:
 
     model_args: ModelArgs = field(default_factory=ModelArgs)
     world_size: int = 1
-    """Number of workers (data-parallel ranks) in this cluster."""
+    """Number of workers (data-parallel ranks) in this cluster. With a device_mapping it must equal the number
+    of GPUs listed divided by num_gpus_per_worker (it is checked, not derived, so the YAML says what runs)."""
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
+    """GPUs each worker asks Ray for; a fraction shares a GPU. With a device_mapping: how many of the listed GPUs
+    each worker uses, a whole number >= 1 (the fraction of a GPU shared with another cluster comes from the
+    plan, not from here)."""
+    device_mapping: list[int] | str | None = None
+    """ROLL's device mapping: the GPUs of the pipeline's pool this cluster runs on, by index; GPU i is GPU
+    i % ray.num_gpus_per_node of node i // ray.num_gpus_per_node, and the pool spans as many nodes as the
+    highest index needs. A list of distinct indices, or ROLL's string forms, parsed without eval:
+    "list(range(0,8))", "range(8, 16)", "[0, 1, 2, 3]", sums such as "list(range(0,4)) + list(range(8,12))".
+    Worker r uses the r-th run of num_gpus_per_worker indices (all on one node). Clusters whose GPUs overlap are
+    colocated: each worker on a shared GPU holds an equal fraction of it (ROLL's colocation; vLLM's sleep mode
+    frees the memory between phases); disjoint mappings get separate GPUs. If one cluster has a mapping, every
+    cluster that uses GPUs needs one. None: Ray places the workers by num_gpus_per_worker and `placement`.
+    `roll run CONFIG --dry-run` prints the plan."""
     torch_threads: int = 2
     """torch intra-op threads per worker; the stages run one after another, so each may use the whole box."""
     infer_batch_size: int = 32
@@ -113,6 +128,55 @@ class ClusterConfig:
             yield "torch_threads", "must be >= 1"
         if self.infer_batch_size < 1:
             yield "infer_batch_size", "must be >= 1"
+        if self.device_mapping is not None:
+            yield from self._validate_device_mapping()
+
+    @property
+    def devices(self) -> list[int] | None:
+        """device_mapping as a list of GPU indices; None without one. Raises ValueError for a string it cannot
+        parse (validate() reports that at load)."""
+        from roll_pipeline.distributed.placement import parse_device_mapping
+
+        return None if self.device_mapping is None else parse_device_mapping(self.device_mapping)
+
+    def _validate_device_mapping(self) -> Iterator[tuple[str, str]]:
+        try:
+            devices = self.devices or []
+        except ValueError as exc:
+            yield "device_mapping", str(exc)
+            return
+        if not devices:
+            yield "device_mapping", "must list at least one GPU index (null: no fixed GPUs)"
+            return
+        bad = [d for d in devices if type(d) is not int or d < 0]
+        if bad:
+            yield "device_mapping", f"GPU indices must be whole numbers >= 0, got {bad[0]!r}"
+            return
+        repeated = sorted(d for d, n in Counter(devices).items() if n > 1)
+        if repeated:
+            yield "device_mapping", f"lists GPU(s) {repeated} more than once; a worker needs GPUs of its own"
+        if self.placement != "default":
+            yield "placement", "must be default with a device_mapping (the mapping decides where workers go)"
+        per_worker = self.num_gpus_per_worker
+        if per_worker < 1 or per_worker != int(per_worker):
+            yield (
+                "num_gpus_per_worker",
+                "with a device_mapping this is how many of its GPUs each worker uses: a whole number >= 1, "
+                f"got {per_worker:g}",
+            )
+            return
+        per_worker = int(per_worker)
+        if self.world_size * per_worker != len(devices):
+            fix = (
+                f"set world_size: {len(devices) // per_worker}"
+                if len(devices) % per_worker == 0
+                else f"list a multiple of {per_worker} GPUs"
+            )
+            yield (
+                "world_size",
+                f"world_size {self.world_size} x num_gpus_per_worker {per_worker} = "
+                f"{self.world_size * per_worker} GPU(s), but device_mapping lists {len(devices)}; {fix}",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,7 +272,11 @@ class DataConfig:
     """Column with chat messages; rows without it use `prompt_key` as a single user message."""
     prompt_key: str = "prompt"
     prompt_length: int = 256
-    """Longest prompt in tokens; a longer prompt is an error naming its file and row."""
+    """Longest prompt in tokens (after the chat template)."""
+    on_long_prompt: Literal["error", "drop"] = "error"
+    """A prompt longer than `prompt_length`: `error` stops before the run starts, naming its file, line and both
+    lengths; `drop` leaves the row out and counts it per domain and split: a warning, the metric
+    `data/<domain>/{train,val}_prompts_dropped` (step 0) and a line of `roll run --dry-run`."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
         if not self.train_files:
@@ -292,6 +360,13 @@ class RayConfig:
     num_cpus: int | None = None
     """Logical CPUs of a local cluster. None: enough for every worker's num_cpus_per_worker; the stages run
     one after another, so over-subscribing the logical count does not over-subscribe the cores."""
+    num_gpus_per_node: int = 8
+    """GPUs per node of the pool that the clusters' device_mapping indices number (ROLL's num_gpus_per_node):
+    index i is on node i // num_gpus_per_node. Unused without device mappings."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.num_gpus_per_node < 1:
+            yield "num_gpus_per_node", "must be >= 1"
 
 
 def _check_name(kind: str, name: str | None) -> str | None:

@@ -32,29 +32,43 @@ class Cluster:
         max_concurrency: int | None = None,
         placement: str = "default",
         placement_timeout_s: float = 120.0,
+        device_slots: Sequence[dict[str, Any]] | None = None,
     ) -> None:
+        """`device_slots`: per rank, the Ray options of a device-mapped worker from `DevicePool.worker_options`
+        (its bundle of the shared GPU pool, its share of that GPU, its CPUs, extra env vars); they replace
+        num_cpus, num_gpus and placement."""
         self.name = name
         self.world_size = world_size
         remote_cls = ray.remote(worker_cls)
-        options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
-        if env_vars:
-            options["runtime_env"] = {"env_vars": env_vars}
-        if max_concurrency:
-            options["max_concurrency"] = max_concurrency
+        if device_slots is not None and len(device_slots) != world_size:
+            raise ValueError(f"{name}: {len(device_slots)} device slots for world_size {world_size}")
         self.placement_group = None
-        if placement != "default":
-            self.placement_group = reserve_bundles(name, world_size, num_cpus, num_gpus, placement, placement_timeout_s)
+        if placement != "default" and device_slots is None:
+            self.placement_group = reserve_bundles(
+                name, world_size, num_cpus, num_gpus, placement, placement_timeout_s
+            )
         self.workers = []
         for rank in range(world_size):
+            options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+            if max_concurrency:
+                options["max_concurrency"] = max_concurrency
+            rank_env = dict(env_vars or {})
             if self.placement_group is not None:
                 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=rank
                 )
+            if device_slots is not None:
+                slot = dict(device_slots[rank])
+                rank_env.update(slot.pop("env_vars", {}))
+                options.update(slot)
+            if rank_env:
+                options["runtime_env"] = {"env_vars": rank_env}
             self.workers.append(
                 remote_cls.options(**options).remote(
-                    **({"name": name, "rank": rank, "world_size": world_size} if pass_rank else {}), **worker_kwargs
+                    **({"name": name, "rank": rank, "world_size": world_size} if pass_rank else {}),
+                    **worker_kwargs,
                 )
             )
 
@@ -72,9 +86,13 @@ class Cluster:
         """Split `batch` into one contiguous shard per rank, call `method(shard, ...)`, return results in rank order."""
         return ray.get(self.call_async_dispatch(method, batch, *args, **kwargs))
 
-    def call_async_dispatch(self, method: str, batch: Batch, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+    def call_async_dispatch(
+        self, method: str, batch: Batch, *args: Any, **kwargs: Any
+    ) -> list[ray.ObjectRef]:
         shards = batch.chunk(self.world_size)
-        return [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards, strict=True)]
+        return [
+            getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards, strict=True)
+        ]
 
     def dispatch_items(self, method: str, items: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
         """Like `dispatch` for a list: shards the list, concatenates the per-rank result lists in order."""
@@ -93,7 +111,12 @@ class Cluster:
 
     def node_ids(self) -> list[str]:
         """The Ray node each worker runs on, in rank order."""
-        return ray.get([w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for w in self.workers])
+        return ray.get(
+            [
+                w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+                for w in self.workers
+            ]
+        )
 
     def shutdown(self) -> None:
         for w in self.workers:
@@ -106,14 +129,18 @@ class Cluster:
             self.placement_group = None
 
 
-def reserve_bundles(name: str, world_size: int, num_cpus: float, num_gpus: float, placement: str, timeout_s: float):
+def reserve_bundles(
+    name: str, world_size: int, num_cpus: float, num_gpus: float, placement: str, timeout_s: float
+):
     """A placement group of one bundle per worker; raises a clear error if Ray cannot place it in time."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
     bundle: dict[str, float] = {"CPU": max(num_cpus, 0.01)}  # Ray refuses empty bundles
     if num_gpus:
         bundle["GPU"] = num_gpus
-    group = placement_group([dict(bundle) for _ in range(world_size)], strategy=placement.upper(), name=f"roll-{name}")
+    group = placement_group(
+        [dict(bundle) for _ in range(world_size)], strategy=placement.upper(), name=f"roll-{name}"
+    )
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -56,6 +57,15 @@ class RewardResult:
             )
 
 
+def missing_text(row: Mapping[str, object], name: str) -> Iterator[tuple[str, str]]:
+    """``(name, "missing")`` or ``(name, "empty")`` when the row's ``name`` column has no text, for ``check_row``."""
+    value = row.get(name)
+    if value is None:
+        yield name, "missing"
+    elif not str(value).strip():
+        yield name, "empty"
+
+
 class RewardScorer:
     """Base class of a domain's pure scorer.
 
@@ -87,6 +97,16 @@ class RewardScorer:
     def warm_up(self) -> None:
         """Called once in each scoring process before its first sample (import what ``score`` needs, open a
         client); the time it takes is not counted against any sample's timeout."""
+
+    @classmethod
+    def check_row(cls, row: Mapping[str, object]) -> Iterator[tuple[str, str]]:
+        """Problems that make a dataset row one this scorer can never judge, as ``(field, what is wrong)``.
+
+        ``roll run`` checks every row before anything starts, so such a row is an error naming its file, line
+        and field rather than a sample masked at every step. The default needs a non-empty ``ground_truth``;
+        a scorer that needs other fields, or no ground truth, overrides this.
+        """
+        yield from missing_text(row, "ground_truth")
 
     def score(self, response: str, ground_truth: str, **fields: object) -> RewardResult | None:
         """Judge ``response`` against ``ground_truth``; ``fields`` are the sample's other dataset columns.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from workers.rewards.base import RewardResult, RewardScorer
@@ -202,6 +203,19 @@ class CodeSandboxScorer(RewardScorer):
             output = self._run({"mode": "stdio", "code": code}, stdin.encode())
             results.append(judge_stdio(expected, output, self.float_tolerance))
         return results
+
+    @classmethod
+    def check_row(cls, row: Mapping[str, object]) -> Iterator[tuple[str, str]]:
+        """The row's tests must parse (the ground truth, a reference solution, is not needed): ``test_cases``,
+        or, as in ``score``, a ground truth that is itself a test suite when ``test_cases`` is absent."""
+        raw = row.get("test_cases")
+        if isinstance(raw, str) and not raw.strip():
+            yield "test_cases", "empty"
+            return
+        try:
+            parse_test_cases(row.get("ground_truth") if raw is None else raw)
+        except ValueError as err:
+            yield "test_cases", "missing" if raw is None else str(err)
 
     def score(self, response: str, ground_truth: str, **fields: object) -> RewardResult | None:
         # `roll rewards score --ground-truth @tests.json` passes the tests as the ground truth.

@@ -1,10 +1,15 @@
-"""LLM-as-judge reward: a model behind an OpenAI-compatible API decides whether a response answers the
-question.
+"""LLM-as-judge reward: a judge model decides whether a response answers the question.
 
 For open-ended domains, where no rule can check an answer, the scorer fills a prompt template with the
-question, the reference answer and the response, sends it to a judge model (``/v1/chat/completions`` of any
-OpenAI-compatible server: ``roll serve``, vLLM, a hosted API), and reads the verdict from the judge's reply in
-the declared ``verdict_format``:
+question, the reference answer and the response, sends it to a judge model, and reads the verdict from the
+judge's reply in the declared ``verdict_format``. The judge is one of two backends (``options.backend``):
+
+- ``http`` (default): ``/v1/chat/completions`` of any OpenAI-compatible server (``roll serve``, vLLM, a hosted
+  API); see ``workers.rewards.judge.client``;
+- ``ray_actor``: a Hugging Face model (``options.model_path``) loaded in a Ray actor that the reward worker
+  starts, batching the samples judged at the same time; see ``workers.rewards.judge.local``.
+
+The verdict formats:
 
 - ``yes_no``: ``Verdict: YES`` / ``Verdict: NO`` (also ``[[YES]]``, a bare ``yes``, or a lone upper-case
   ``YES`` or ``NO`` in the reply); YES is 1, NO is 0;
@@ -15,8 +20,9 @@ the declared ``verdict_format``:
 The verdict ``v`` in [0, 1] becomes the reward ``wrong_score + v * (correct_score - wrong_score)``; the
 response counts as correct when ``v >= correct_threshold``.
 
-A judge that cannot be reached (connection refused, timeouts, 5xx after the retries), that rejects the request
-(another 4xx), or whose reply holds no verdict in the declared format never gives a reward of 0: ``score``
+A judge that cannot be reached (connection refused, timeouts, 5xx after the retries; a judge actor that died
+or does not answer in time), that rejects the request (another 4xx; a prompt longer than the local judge's
+context), or whose reply holds no verdict in the declared format never gives a reward of 0: ``score``
 raises ``JudgeUnreachable``, ``JudgeRejected`` or ``JudgeVerdictUnparseable``, and the reward worker masks the
 sample and counts it (``reward/<domain>/masked_error``; the exception's name is in the worker's warning).
 
@@ -53,6 +59,8 @@ DEFAULT_TEMPLATE = (
 )
 TEMPLATE_FIELDS = frozenset({"question", "reference", "response"})
 VERDICT_FORMATS = ("yes_no", "score", "json")
+#: Where the judge runs: behind an OpenAI-compatible API, or in a Ray actor the reward worker starts.
+BACKENDS = ("http", "ray_actor")
 #: What the template gets for ``{question}`` when the sample carries none.
 MISSING_QUESTION = "(not given)"
 
@@ -216,16 +224,46 @@ class JudgeVerdictUnparseable(JudgeError):
 # --- the scorer ---------------------------------------------------------------------------------------------
 
 
+def _check_http_options(
+    base_url: object, model: object, api_key_env: object, model_path: object, actor: object
+) -> None:
+    if not base_url or not isinstance(base_url, str):
+        raise ValueError("llm_judge: options.base_url is required, e.g. http://127.0.0.1:8011/v1")
+    if not re.match(r"^https?://", base_url):
+        raise ValueError(f"llm_judge: base_url must start with http:// or https://, got {base_url!r}")
+    if not model or not isinstance(model, str):
+        raise ValueError("llm_judge: options.model is required (the name the judge server serves)")
+    if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
+        raise ValueError(f"llm_judge: api_key_env must name an environment variable, got {api_key_env!r}")
+    _refuse("http", model_path=model_path, actor=actor)
+
+
+def _refuse(backend: str, **given: object) -> None:
+    """Options of the other backend are an error, not silently ignored."""
+    wrong = sorted(name for name, value in given.items() if value is not None)
+    if wrong:
+        raise ValueError(f"llm_judge: option(s) {wrong} do not apply to backend {backend}")
+
+
 @register_reward_worker("llm_judge")
 class LLMJudgeScorer(RewardScorer):
     """Asks a judge model whether the response matches the reference answer; see the module docstring.
 
     Options (``rewards.<domain>.options``):
 
-    - ``base_url`` (required): the judge's OpenAI-compatible API, e.g. ``http://127.0.0.1:8011/v1``.
-    - ``model`` (required): the model name the judge serves.
-    - ``api_key_env``: name of the environment variable that holds the API key (sent as a bearer token); the
-      key itself never goes in the config. Unset: no key is sent.
+    - ``backend``: ``http`` (default), a judge behind an OpenAI-compatible API, or ``ray_actor``, a local
+      judge model in a Ray actor.
+    - ``base_url`` (``http``, required): the judge's OpenAI-compatible API, e.g. ``http://127.0.0.1:8011/v1``.
+    - ``model`` (``http``, required): the model name the judge serves.
+    - ``api_key_env`` (``http``): name of the environment variable that holds the API key (sent as a bearer
+      token); the key itself never goes in the config. Unset: no key is sent.
+    - ``model_path`` (``ray_actor``, required): the judge's Hugging Face folder (or a run's checkpoint, as for
+      `roll serve`), absolute or relative to the working directory of the reward worker's process (for the
+      local Ray cluster of `roll run`, where it was started; the config loader does not resolve options).
+    - ``actor`` (``ray_actor``): the judge actor's settings, ``workers.rewards.judge.local.LocalJudgeSpec``:
+      ``dtype``, ``max_batch_size`` (32), ``torch_threads`` (1), ``num_cpus`` (0), ``num_gpus`` (0),
+      ``max_restarts`` (3), ``name``, ``load_timeout_s`` (600). The reward worker creates the actor when it
+      starts and waits until the model is loaded; the actor dies with the worker.
     - ``template``: the judge prompt, with ``{question}``, ``{reference}`` and ``{response}``
       (default ``DEFAULT_TEMPLATE``); ``system_prompt``: a system message before it (default none).
     - ``verdict_format``: ``yes_no`` (default), ``score`` (``[[N]]``) or ``json``; ``score_max``: the top of
@@ -236,8 +274,9 @@ class LLMJudgeScorer(RewardScorer):
     - ``strip_thinking`` (true): judge only what follows the response's last ``</think>``; a response that
       opens ``<think>`` and never closes it gave no answer and gets ``wrong_score`` without a judge call.
       ``max_response_chars`` (4000): longer responses are cut to their last that many characters.
-    - ``request_timeout_s`` (30): limit of one HTTP request; ``max_retries`` (3) more attempts after a
-      connection error, a timeout, a 5xx, a 408 or a 429, waiting ``backoff_s`` (0.5) doubled at each retry up
+    - ``request_timeout_s`` (30): limit of one HTTP request (of one call to the judge actor);
+      ``max_retries`` (3) more attempts after a connection error, a timeout, a 5xx, a 408 or a 429 (a
+      judge actor that does not answer in time or is being restarted; not one that died), waiting ``backoff_s`` (0.5) doubled at each retry up
       to ``backoff_max_s`` (8), with jitter (a 429's ``Retry-After`` is honoured up to ``backoff_max_s``);
       ``total_timeout_s``: stop retrying once this much time has passed (default: no bound but the
       attempts). Keep the worst case below the worker's ``rewards.<domain>.timeout_s``, else the worker kills
@@ -245,21 +284,29 @@ class LLMJudgeScorer(RewardScorer):
     - ``max_concurrency``: judge requests in flight at once; ``requests_per_minute`` and ``tokens_per_minute``
       (prompt characters / 4 + ``max_tokens`` reserved up front, corrected by the reply's usage): shared by
       every scoring process on this machine that calls the same ``base_url`` and ``model`` (default: no
-      limit).
+      limit); ``http`` only (the judge actor batches what it gets, up to ``actor.max_batch_size``).
 
     Metrics per scored sample: ``judge_verdict`` (the verdict in [0, 1]), ``judge_attempts`` (HTTP requests it
     took), ``judge_latency_s``, ``answer_found`` (0 when an unclosed ``<think>`` or an empty response gave
     nothing to judge) and ``question_given`` (0 when the sample had no question).
     """
 
-    preload_modules = ("requests", "workers.rewards.judge.client", "workers.rewards.judge.limits")
+    preload_modules = (
+        "requests",
+        "workers.rewards.judge.client",
+        "workers.rewards.judge.limits",
+        "workers.rewards.judge.local",
+    )
 
     def __init__(
         self,
         *,
+        backend: str = "http",
         base_url: str | None = None,
         model: str | None = None,
         api_key_env: str | None = None,
+        model_path: str | None = None,
+        actor: dict | None = None,
         template: str = DEFAULT_TEMPLATE,
         system_prompt: str | None = None,
         verdict_format: str = "yes_no",
@@ -282,14 +329,22 @@ class LLMJudgeScorer(RewardScorer):
         **options: object,
     ) -> None:
         super().__init__(**options)
-        if not base_url or not isinstance(base_url, str):
-            raise ValueError("llm_judge: options.base_url is required, e.g. http://127.0.0.1:8011/v1")
-        if not re.match(r"^https?://", base_url):
-            raise ValueError(f"llm_judge: base_url must start with http:// or https://, got {base_url!r}")
-        if not model or not isinstance(model, str):
-            raise ValueError("llm_judge: options.model is required (the name the judge server serves)")
-        if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
-            raise ValueError(f"llm_judge: api_key_env must name an environment variable, got {api_key_env!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"llm_judge: backend must be one of {list(BACKENDS)}, got {backend!r}")
+        self.backend = backend
+        self.local = None
+        if backend == "http":
+            _check_http_options(base_url, model, api_key_env, model_path, actor)
+        else:
+            _refuse(
+                "ray_actor",
+                base_url=base_url,
+                model=model,
+                api_key_env=api_key_env,
+                max_concurrency=max_concurrency,
+                requests_per_minute=requests_per_minute,
+                tokens_per_minute=tokens_per_minute,
+            )
         check_template(template)
         if verdict_format not in VERDICT_FORMATS:
             raise ValueError(
@@ -312,7 +367,7 @@ class LLMJudgeScorer(RewardScorer):
         ):
             if limit is not None and limit <= 0:
                 raise ValueError(f"llm_judge: {name} must be > 0 (or left out for no limit), got {limit}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = base_url.rstrip("/") if base_url else None
         self.model = model
         self.api_key_env = api_key_env
         self.template = template
@@ -335,12 +390,36 @@ class LLMJudgeScorer(RewardScorer):
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
         self._client = None
+        if backend == "ray_actor":
+            from workers.rewards.judge.local import LocalJudgeSpec, connected_to_ray, ensure_relay
+
+            self.local = LocalJudgeSpec.from_options(model_path, actor or {})
+            # Built in a process connected to Ray (the reward worker's, before it starts its scoring
+            # processes), the scorer starts the judge actor and the relay that its scoring processes call.
+            if connected_to_ray():
+                ensure_relay(self.local)
 
     def warm_up(self) -> None:
         self._client = self._make_client()
+        if self.local is not None:
+            self._client.connect()
+
+    def _retry_policy(self):
+        from workers.rewards.retry import RetryPolicy
+
+        return RetryPolicy(
+            max_retries=self.max_retries,
+            backoff_s=self.backoff_s,
+            backoff_max_s=self.backoff_max_s,
+            total_timeout_s=self.total_timeout_s,
+        )
 
     def _make_client(self):
-        from workers.rewards.judge.client import ChatClient, RetryPolicy
+        if self.local is not None:
+            from workers.rewards.judge.local import LocalChatClient
+
+            return LocalChatClient(self.local, timeout_s=self.request_timeout_s, retry=self._retry_policy())
+        from workers.rewards.judge.client import ChatClient
         from workers.rewards.judge.limits import SharedLimits
 
         api_key = None
@@ -357,14 +436,13 @@ class LLMJudgeScorer(RewardScorer):
             requests_per_minute=self.requests_per_minute,
             tokens_per_minute=self.tokens_per_minute,
         )
-        retry = RetryPolicy(
-            max_retries=self.max_retries,
-            backoff_s=self.backoff_s,
-            backoff_max_s=self.backoff_max_s,
-            total_timeout_s=self.total_timeout_s,
-        )
         return ChatClient(
-            self.base_url, self.model, api_key, timeout_s=self.request_timeout_s, retry=retry, limits=limits
+            self.base_url,
+            self.model,
+            api_key,
+            timeout_s=self.request_timeout_s,
+            retry=self._retry_policy(),
+            limits=limits,
         )
 
     def messages(self, question: str | None, reference: str, response: str) -> list[dict[str, str]]:

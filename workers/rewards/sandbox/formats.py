@@ -146,7 +146,9 @@ def split_assert(source: str) -> AssertTest:
     try:
         module = ast.parse(source)
     except SyntaxError as err:
-        raise ValueError(f"assert-style test {source!r} is not valid Python: {err.msg}") from None
+        raise ValueError(
+            f"assert-style test {source!r} is not valid Python: {err.msg} (line {err.lineno} of the test)"
+        ) from None
     steps: list[dict] = []
     checks: list[ast.expr] = []
     setup: list[ast.stmt] = []
