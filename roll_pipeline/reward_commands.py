@@ -15,15 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_USAGE = 2
-
-
-def _echo(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def _error(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr, flush=True)
+from roll_pipeline.console import EXIT_USAGE, echo, error
 
 
 class UsageError(ValueError):
@@ -76,9 +68,9 @@ def cmd_rewards_list(args: argparse.Namespace) -> int:
     header = ("NAME", "SOURCE", "CLASS")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(2)]
     for name, source, target in [header, *rows]:
-        _echo(f"{name:<{widths[0]}}  {source:<{widths[1]}}  {target}")
-    _echo("")
-    _echo("rewards.<domain>.worker also takes a scorer class by path: package.module:Class")
+        echo(f"{name:<{widths[0]}}  {source:<{widths[1]}}  {target}")
+    echo("")
+    echo("rewards.<domain>.worker also takes a scorer class by path: package.module:Class")
     return 0
 
 
@@ -108,17 +100,17 @@ def cmd_rewards_score(args: argparse.Namespace) -> int:
             raise UsageError(f"--timeout-s must be positive, got {args.timeout_s}")
         worker = RewardWorker("cli", args.worker, options, timeout_s=args.timeout_s, num_threads=1)
     except (UsageError, ValueError, TypeError) as err:
-        _error(str(err))
+        error(str(err))
         return EXIT_USAGE
     try:
         with worker:
             (record,) = worker.score_batch([{"response": response, "ground_truth": ground_truth, **fields}])
     except PoolStartError as err:
-        _error(str(err))
+        error(str(err))
         return EXIT_USAGE
     if record["masked"]:
         print(f"masked: {record['mask_reason']}", file=sys.stderr, flush=True)
-    _echo(json.dumps(score_record(record), sort_keys=False))
+    echo(json.dumps(score_record(record), sort_keys=False))
     return 0
 
 

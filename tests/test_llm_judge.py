@@ -17,7 +17,6 @@ import yaml
 
 from roll_pipeline.data.synthetic import TINY_JUDGE_TEMPLATE
 from tests.judge_servers import JUDGE_MODEL, ROOT, ServeProcess, StubJudge
-from workers.rewards.judge.client import RetryPolicy, is_retried_status
 from workers.rewards.judge.limits import ConcurrencySlots, RateLimiter, gcra
 from workers.rewards.llm_judge import (
     DEFAULT_TEMPLATE,
@@ -30,6 +29,7 @@ from workers.rewards.llm_judge import (
     parse_verdict,
     render_prompt,
 )
+from workers.rewards.retry import RetryPolicy, is_retried_status
 from workers.rewards.worker import RewardWorker
 
 FAST_RETRY = {"backoff_s": 0.01, "backoff_max_s": 0.05}
@@ -495,18 +495,19 @@ def tiny_judge_server():
     server.stop()
 
 
-def _known_verdicts(n: int) -> list[dict]:
-    rows = [json.loads(line) for line in (JUDGE_MODEL.parents[1] / "data" / "judge_val.jsonl").open()]
-    return rows[:n]
-
-
-@pytest.mark.slow
-def test_tiny_judge_rewards_for_known_verdicts(tiny_judge_server):
-    rows = _known_verdicts(48)
+def _known_verdicts(n: int) -> tuple[list[dict], list[dict]]:
+    """The first ``n`` rows of the judge's validation set, and the reward samples made from them."""
+    rows = [json.loads(line) for line in (JUDGE_MODEL.parents[1] / "data" / "judge_val.jsonl").open()][:n]
     samples = [
         {"response": r["response"], "ground_truth": r["reference"], "question": r["question"], "id": r["id"]}
         for r in rows
     ]
+    return rows, samples
+
+
+@pytest.mark.slow
+def test_tiny_judge_rewards_for_known_verdicts(tiny_judge_server):
+    rows, samples = _known_verdicts(48)
     options = {
         "base_url": tiny_judge_server.url,
         "model": "tiny-judge",
@@ -527,11 +528,7 @@ def test_tiny_judge_rewards_for_known_verdicts(tiny_judge_server):
 @pytest.mark.slow
 def test_judge_killed_mid_step_masks_the_rest_and_scoring_goes_on(tiny_model):
     server = ServeProcess(JUDGE_MODEL, "tiny-judge").start()
-    rows = _known_verdicts(40)
-    samples = [
-        {"response": r["response"], "ground_truth": r["reference"], "question": r["question"], "id": r["id"]}
-        for r in rows
-    ]
+    rows, samples = _known_verdicts(40)
     options = {
         "base_url": server.url,
         "model": "tiny-judge",

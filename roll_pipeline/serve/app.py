@@ -14,6 +14,7 @@ work does not hold up the next batch.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -236,6 +237,16 @@ class _ApiKeyGuard:
         await self.app(scope, receive, send)
 
 
+def _envelope(
+    request_id: str, created: int, model: str, kind: str, choices: list[dict], usage: dict | None = None
+) -> dict:
+    """The fields every completion object and stream chunk shares, around its ``choices``."""
+    body = {"id": request_id, "object": kind, "created": created, "model": model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
 def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -304,7 +315,7 @@ def create_app(
             ) from None
         params = server.params(body, [prompt], body.max_completion_tokens or body.max_tokens)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
+        envelope = functools.partial(_envelope, request_id, int(time.time()), model_name)
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
 
@@ -313,23 +324,10 @@ def create_app(
                     {"role": "assistant", "content": ""} if opening else ({"content": text} if text else {})
                 )
                 choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-                return {
-                    "id": request_id,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": model_name,
-                    "choices": [choice],
-                }
+                return envelope("chat.completion.chunk", [choice])
 
             def usage_chunk(usage: dict) -> dict:
-                return {
-                    "id": request_id,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": model_name,
-                    "choices": [],
-                    "usage": usage,
-                }
+                return envelope("chat.completion.chunk", [], usage)
 
             return StreamingResponse(
                 server.stream(
@@ -338,22 +336,16 @@ def create_app(
                 media_type="text/event-stream",
             )
         choices = await server.wait(request, request_id, [prompt], params)
-        return {
-            "id": request_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model_name,
-            "choices": [
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": None,
-                    "finish_reason": c.finish_reason,
-                }
-                for c in choices
-            ],
-            "usage": _usage([prompt], choices),
-        }
+        message = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
+        ]
+        return envelope("chat.completion", message, _usage([prompt], choices))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -362,29 +354,16 @@ def create_app(
         prompts = _completion_prompts(body.prompt, engine)
         params = server.params(body, prompts, body.max_tokens)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
+        envelope = functools.partial(_envelope, request_id, int(time.time()), model_name)
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
 
             def chunk(index: int, text: str, finish: str | None, _: bool) -> dict:
                 choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
-                return {
-                    "id": request_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model_name,
-                    "choices": [choice],
-                }
+                return envelope("text_completion", [choice])
 
             def usage_chunk(usage: dict) -> dict:
-                return {
-                    "id": request_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model_name,
-                    "choices": [],
-                    "usage": usage,
-                }
+                return envelope("text_completion", [], usage)
 
             return StreamingResponse(
                 server.stream(
@@ -393,17 +372,11 @@ def create_app(
                 media_type="text/event-stream",
             )
         choices = await server.wait(request, request_id, prompts, params)
-        return {
-            "id": request_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model_name,
-            "choices": [
-                {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-                for c in choices
-            ],
-            "usage": _usage(prompts, choices),
-        }
+        texts = [
+            {"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+            for c in choices
+        ]
+        return envelope("text_completion", texts, _usage(prompts, choices))
 
     return app
 

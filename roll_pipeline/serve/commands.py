@@ -9,23 +9,15 @@ import os
 import sys
 from pathlib import Path
 
+from roll_pipeline.console import EXIT_USAGE, echo, error
 from roll_pipeline.serve.model_path import ServedModel
 
-EXIT_USAGE = 2
 DEFAULT_JUDGE_OUT = "examples/models/tiny-qwen2-judge"
 DEFAULT_JUDGE_TRAIN_FILES = ["examples/data/judge_train.jsonl"]
 #: vLLM's OpenAI-compatible server, started by `roll serve --engine vllm`.
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 logger = logging.getLogger(__name__)
-
-
-def _echo(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def _error(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr, flush=True)
 
 
 def vllm_command(
@@ -63,7 +55,7 @@ def _api_key(env_name: str | None) -> str | None:
 
 def _exec_vllm(args: argparse.Namespace, served: ServedModel, name: str, api_key: str | None) -> int:
     if importlib.util.find_spec("vllm") is None:
-        _error(
+        error(
             "--engine vllm needs the vllm package, which is not installed here "
             "(pip install 'roll-pipeline[gpu]' on a host with a CUDA GPU); without it use --engine hf"
         )
@@ -74,7 +66,7 @@ def _exec_vllm(args: argparse.Namespace, served: ServedModel, name: str, api_key
     env = dict(os.environ)
     if api_key is not None:
         env["VLLM_API_KEY"] = api_key  # vLLM's own variable: the key stays out of the process list
-    _echo(f"starting vLLM: {' '.join(command)}")
+    echo(f"starting vLLM: {' '.join(command)}")
     os.execve(sys.executable, command, env)
     return 0  # not reached: execve replaces this process
 
@@ -86,13 +78,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         served = resolve_model_path(args.model_path, args.tokenizer)
         api_key = _api_key(args.api_key_env)
     except (ModelPathError, ValueError) as err:
-        _error(str(err))
+        error(str(err))
         return EXIT_USAGE
     name = args.served_model_name or args.model_path
     if args.engine == "vllm":
         return _exec_vllm(args, served, name, api_key)
     if args.vllm_arg:
-        _error("--vllm-arg is only for --engine vllm")
+        error("--vllm-arg is only for --engine vllm")
         return EXIT_USAGE
 
     import torch
@@ -105,7 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.torch_threads)
     engine = Engine(served, dtype=args.dtype or "float32", max_batch_sequences=args.max_batch_size)
     app = create_app(engine, name, api_key=api_key, default_max_tokens=args.default_max_tokens)
-    _echo(f"serving {served.weights} as {name!r} on http://{args.host}:{args.port}/v1")
+    echo(f"serving {served.weights} as {name!r} on http://{args.host}:{args.port}/v1")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 
@@ -116,13 +108,13 @@ def cmd_build_tiny_judge(args: argparse.Namespace) -> int:
     files = [Path(f) for f in args.train_files]
     missing = [str(f) for f in files if not f.exists()]
     if missing:
-        _error(
+        error(
             f"judge training data not found: {', '.join(missing)} "
             "(generate it with `python -m roll_pipeline.data.synthetic --open-answer`)"
         )
         return EXIT_USAGE
     path = build_tiny_judge(Path(args.out), files, seed=args.seed)
-    _echo(f"tiny judge ready at {path}")
+    echo(f"tiny judge ready at {path}")
     return 0
 
 

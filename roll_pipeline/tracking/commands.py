@@ -6,16 +6,7 @@ import argparse
 import os
 import sys
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-def _echo(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def _error(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr, flush=True)
+from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -26,9 +17,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         report = load_report(args.run, args.tracking_uri)
     except (ValueError, MlflowException) as exc:
-        _error(str(exc).splitlines()[0])
+        error(str(exc).splitlines()[0])
         return EXIT_USAGE
-    _echo(format_report(report, max_columns=args.columns))
+    echo(format_report(report, max_columns=args.columns))
     return 0
 
 
@@ -37,11 +28,11 @@ def cmd_mlflow_sync(args: argparse.Namespace) -> int:
 
     results = sync(args.path, args.tracking_uri)
     if not results:
-        _error(f"{args.path} holds no tracking spool (give a run's output_dir)")
+        error(f"{args.path} holds no tracking spool (give a run's output_dir)")
         return EXIT_USAGE
     for r in results:
         state = "everything sent" if not r.left else f"{r.left} entries left (MLflow unreachable?)"
-        _echo(f"{r.spool}: sent {r.sent} entries, run {r.run_id}: {state}")
+        echo(f"{r.spool}: sent {r.sent} entries, run {r.run_id}: {state}")
     return EXIT_FAILED if any(r.left for r in results) else 0
 
 
@@ -68,9 +59,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     uri = absolute_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
     if is_server(uri):
-        _echo(f"runs at {uri} are shown by that server's own UI: open {uri} in a browser")
+        echo(f"runs at {uri} are shown by that server's own UI: open {uri} in a browser")
         return 0
-    _echo(f"MLflow UI for {uri} at http://127.0.0.1:{args.port} (Ctrl-C stops it)")
+    echo(f"MLflow UI for {uri} at http://127.0.0.1:{args.port} (Ctrl-C stops it)")
     # The UI needs no background job runner (it serves GenAI features), which would start several more
     # processes on a small machine. exec: the UI is this process from now on, so signals reach it directly.
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

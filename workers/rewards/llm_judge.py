@@ -340,8 +340,9 @@ class LLMJudgeScorer(RewardScorer):
         self._client = self._make_client()
 
     def _make_client(self):
-        from workers.rewards.judge.client import ChatClient, RetryPolicy
+        from workers.rewards.judge.client import ChatClient
         from workers.rewards.judge.limits import SharedLimits
+        from workers.rewards.retry import RetryPolicy
 
         api_key = None
         if self.api_key_env is not None:

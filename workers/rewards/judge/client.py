@@ -1,11 +1,6 @@
-"""A small client for ``POST /v1/chat/completions`` of an OpenAI-compatible server, with retries.
-
-What is retried: a connection that fails, a request that times out, a 5xx, a 408 and a 429 (the server's own
-rate limit, with its ``Retry-After`` honoured up to ``backoff_max_s``). What is not: any other 4xx, which
-would fail the same way again (a bad key, an unknown model, a prompt too long). Waits double from
-``backoff_s`` up to ``backoff_max_s``, with jitter so that the scoring processes that failed together do not
-retry together.
-"""
+"""A small client for ``POST /v1/chat/completions`` of an OpenAI-compatible server, with retries by
+``workers.rewards.retry`` (a failed connection, a timeout, 5xx, 408, 429; never another 4xx: a bad key, an
+unknown model, a prompt too long would fail the same way again)."""
 
 from __future__ import annotations
 
@@ -20,34 +15,9 @@ import requests
 
 from workers.rewards.judge.limits import SharedLimits
 from workers.rewards.llm_judge import JudgeRejected, JudgeUnreachable, JudgeVerdictUnparseable
+from workers.rewards.retry import RetryPolicy, is_retried_status
 
 logger = logging.getLogger(__name__)
-
-RETRIED_STATUSES = frozenset({408, 429})
-
-
-def is_retried_status(status: int) -> bool:
-    """Whether an HTTP status is worth another attempt: 5xx, 408 and 429; no other 4xx."""
-    return status >= 500 or status in RETRIED_STATUSES
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_retries: int = 3
-    backoff_s: float = 0.5
-    backoff_max_s: float = 8.0
-    #: Give up once this much time has passed since the first attempt (None: only ``max_retries`` bounds it).
-    total_timeout_s: float | None = None
-
-    def delay(self, retry: int, rng: random.Random, retry_after_s: float | None = None) -> float:
-        """Seconds to wait before retry number ``retry`` (1-based): ``backoff_s * 2**(retry-1)`` capped at
-        ``backoff_max_s``, drawn uniformly from its upper half; at least a server's ``Retry-After``
-        (capped)."""
-        full = min(self.backoff_max_s, self.backoff_s * 2 ** (retry - 1))
-        wait = full / 2 + rng.random() * full / 2
-        if retry_after_s is not None:
-            wait = max(wait, min(retry_after_s, self.backoff_max_s))
-        return wait
 
 
 @dataclass(frozen=True)

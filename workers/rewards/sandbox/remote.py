@@ -2,21 +2,24 @@
 
 The harness and the job travel as one Python script; the harness reports on stderr, each event line prefixed with
 a random marker, and the worker judges from the returned stdout/stderr exactly as in local mode. The client uses
-only the standard library. Requests are limited to ``concurrency`` at once; a 5xx answer, a ``SandboxError``, a
-connection failure or a timeout is retried ``retries`` times with exponential backoff, and then raises
-``SandboxUnavailable`` so the reward worker masks the sample: a service that is down never yields a 0 reward.
+only the standard library. Requests are limited to ``concurrency`` at once; a ``SandboxError``, a connection
+failure, a timeout or a status ``workers.rewards.retry`` retries (5xx, 408, 429) is retried ``retries`` times with
+its exponential backoff, and then raises ``SandboxUnavailable`` so the reward worker masks the sample: a service
+that is down never yields a 0 reward.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import secrets
 import threading
 import time
 import urllib.error
 import urllib.request
 
+from workers.rewards.retry import RetryPolicy, is_retried_status
 from workers.rewards.sandbox.isolation import SandboxLimits
 from workers.rewards.sandbox.process import (
     EXITED,
@@ -53,7 +56,8 @@ class SandboxFusionClient:
         self.url = url.rstrip("/") + "/run_code"
         self.limits = limits
         self.retries = retries
-        self.backoff_s = backoff_s
+        self.retry = RetryPolicy(max_retries=retries, backoff_s=backoff_s)
+        self._rng = random.Random()
         # The service may queue the run: allow it the run's own time plus a margin for the round trip.
         self.request_timeout_s = request_timeout_s or limits.timeout_s + 30.0
         self._slots = threading.BoundedSemaphore(concurrency)
@@ -79,7 +83,7 @@ class SandboxFusionClient:
         problem = ""
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                time.sleep(self.retry.delay(attempt, self._rng))
             request = urllib.request.Request(
                 self.url, data=data, headers={"Content-Type": "application/json"}, method="POST"
             )
@@ -87,7 +91,7 @@ class SandboxFusionClient:
                 with urllib.request.urlopen(request, timeout=self.request_timeout_s) as response:
                     answer = json.loads(response.read())
             except urllib.error.HTTPError as err:
-                if err.code < 500:
+                if not is_retried_status(err.code):
                     raise SandboxUnavailable(f"sandbox service refused the request: HTTP {err.code}") from err
                 problem = f"HTTP {err.code}"
             except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError) as err:
