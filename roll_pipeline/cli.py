@@ -8,16 +8,7 @@ import sys
 from pathlib import Path
 
 from roll_pipeline.config import ConfigError, load_config
-
-EXIT_USAGE = 2
-
-
-def _echo(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def _error(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr, flush=True)
+from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -25,28 +16,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         from roll_pipeline.preflight import run_checks
 
-        _echo(f"dry run of {args.config}:")
-        ok = run_checks(resolved, _echo)
-        _echo("all checks passed" if ok else "some checks failed")
+        echo(f"dry run of {args.config}:")
+        ok = run_checks(resolved, echo)
+        echo("all checks passed" if ok else "some checks failed")
         return 0 if ok else EXIT_USAGE
     from roll_pipeline.preflight import preflight
 
     failed = [c for c in preflight(resolved) if not c.ok]
     if failed:
         for c in failed:
-            _error(f"{c.name}: {c.detail}")
+            error(f"{c.name}: {c.detail}")
         return EXIT_USAGE
     from tqdm import tqdm
 
-    from roll_pipeline.pipeline import RLVRPipeline
+    from roll_pipeline.pipeline import RLVRPipeline, WorkerDiedError
 
-    pipeline = RLVRPipeline(resolved)
     cfg = resolved.config
+    checkpoint = None
+    if args.resume:
+        from roll_pipeline.checkpoint import checkpoint_root, latest_checkpoint
+
+        checkpoint = latest_checkpoint(checkpoint_root(cfg.output_dir))
+        if checkpoint is None:
+            error(f"--resume: no checkpoint under {checkpoint_root(cfg.output_dir)} (save_steps: {cfg.save_steps})")
+            return EXIT_USAGE
+    pipeline = RLVRPipeline(resolved)
     try:
-        _echo(f"starting {cfg.exp_name}: {cfg.max_steps} steps, domains {resolved.domain_shares}")
-        pipeline.setup()
-        _echo(f"MLflow run {pipeline.tracker.run_id} at {pipeline.tracker.uri}")
-        with tqdm(total=cfg.max_steps, desc="rl steps", unit="step", dynamic_ncols=True) as bar:
+        if checkpoint is None:
+            echo(f"starting {cfg.exp_name}: {cfg.max_steps} steps, domains {resolved.domain_shares}")
+        else:
+            echo(f"resuming {cfg.exp_name} from {checkpoint}")
+        pipeline.setup(resume_from=checkpoint)
+        echo(f"MLflow run {pipeline.tracker.run_id} at {pipeline.tracker.uri}")
+        with tqdm(
+            total=cfg.max_steps, initial=pipeline.global_step, desc="rl steps", unit="step", dynamic_ncols=True
+        ) as bar:
 
             def on_step(step: int, metrics: dict[str, float]) -> None:
                 shown = {"reward": metrics.get("reward/all/score"), "s/step": metrics.get("time/step_s")}
@@ -56,6 +60,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 bar.update(1)
 
             summary = pipeline.run(on_step=on_step)
+    except WorkerDiedError as exc:
+        error(str(exc))
+        return EXIT_FAILED
     finally:
         pipeline.shutdown()
     _print_summary(summary)
@@ -63,22 +70,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict) -> None:
-    _echo("")
-    _echo(f"finished {summary['steps']} steps in {summary['wall_s']:.0f} s")
+    echo("")
+    echo(f"finished {summary['steps']} steps in {summary['wall_s']:.0f} s")
     start, end = summary.get("start"), summary.get("end")
     if start and end:
-        _echo(f"{'validation accuracy':<32}{'step ' + str(start['step']):>12}{'step ' + str(end['step']):>12}")
+        echo(f"{'validation accuracy':<32}{'step ' + str(start['step']):>12}{'step ' + str(end['step']):>12}")
         for key in [k for k in end if k.startswith("val_correct/")]:
             label = key.removeprefix("val_correct/").removesuffix("/mean")
-            _echo(f"{label:<32}{start.get(key, float('nan')):>12.3f}{end[key]:>12.3f}")
-    _echo(f"MLflow run {summary['run_id']} ({summary['tracking_uri']}); outputs in {summary['output_dir']}")
+            echo(f"{label:<32}{start.get(key, float('nan')):>12.3f}{end[key]:>12.3f}")
+    echo(f"MLflow run {summary['run_id']} ({summary['tracking_uri']}); outputs in {summary['output_dir']}")
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     import yaml
 
     resolved = load_config(args.config, args.overrides)
-    _echo(yaml.safe_dump(resolved.to_dict(), sort_keys=False).rstrip())
+    echo(yaml.safe_dump(resolved.to_dict(), sort_keys=False).rstrip())
     return 0
 
 
@@ -88,10 +95,10 @@ def cmd_model_build_tiny(args: argparse.Namespace) -> int:
     files = [Path(f) for f in args.train_files]
     missing = [str(f) for f in files if not f.exists()]
     if missing:
-        _error(f"training data not found: {', '.join(missing)} (generate it with `roll data generate`)")
+        error(f"training data not found: {', '.join(missing)} (generate it with `roll data generate`)")
         return EXIT_USAGE
     path = build_tiny_model(Path(args.out), files, seed=args.seed)
-    _echo(f"tiny model ready at {path}")
+    echo(f"tiny model ready at {path}")
     return 0
 
 
@@ -100,7 +107,7 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
 
     written = write_example_data(Path(args.out), seed=args.seed)
     for name, path in written.items():
-        _echo(f"{name}: {path}")
+        echo(f"{name}: {path}")
     return 0
 
 
@@ -112,21 +119,34 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train with a pipeline config")
     run.add_argument("config", help="pipeline YAML, e.g. examples/math_code.yaml")
     run.add_argument("overrides", nargs="*", metavar="key.path=value", help="override config values")
-    run.add_argument("--dry-run", action="store_true", help="check config, data, models and workers; do not train")
+    run.add_argument(
+        "--dry-run", action="store_true", help="check config, data, models and workers; do not train"
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the latest complete checkpoint under output_dir/checkpoints, in the same MLflow run",
+    )
     run.set_defaults(func=cmd_run)
 
-    config = sub.add_parser("config", help="inspect configs").add_subparsers(dest="config_command", required=True)
+    config = sub.add_parser("config", help="inspect configs").add_subparsers(
+        dest="config_command", required=True
+    )
     show = config.add_parser("show", help="print the resolved config")
     show.add_argument("config")
     show.add_argument("overrides", nargs="*", metavar="key.path=value")
     show.set_defaults(func=cmd_config_show)
 
-    model = sub.add_parser("model", help="the embedded model").add_subparsers(dest="model_command", required=True)
+    model = sub.add_parser("model", help="the embedded model").add_subparsers(
+        dest="model_command", required=True
+    )
     tiny = model.add_parser("build-tiny", help="build (or reuse) the embedded tiny model")
     tiny.add_argument("--out", default="examples/models/tiny-qwen2")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument(
-        "--train-files", nargs="+", default=["examples/data/math_train.jsonl", "examples/data/code_train.jsonl"]
+        "--train-files",
+        nargs="+",
+        default=["examples/data/math_train.jsonl", "examples/data/code_train.jsonl"],
     )
     tiny.set_defaults(func=cmd_model_build_tiny)
 
@@ -159,10 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as exc:
-        _error(f"invalid config {getattr(args, 'config', '')}:\n{exc}")
+        error(f"invalid config {getattr(args, 'config', '')}:\n{exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        _error("interrupted")
+        error("interrupted")
         return 130
 
 

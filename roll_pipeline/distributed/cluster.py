@@ -16,7 +16,8 @@ logger = logging.getLogger(__name__)
 class Cluster:
     """`world_size` Ray actors of `worker_cls`; rank r gets `worker_kwargs` plus, with `pass_rank`, its name,
     rank and the world size (workers that need no process group, such as reward workers, do without).
-    `max_concurrency` > 1 makes each a threaded actor that serves that many calls at once."""
+    `max_concurrency` > 1 makes each a threaded actor that serves that many calls at once. `max_restarts` and
+    `max_task_retries` are Ray's: how often a dead worker is restarted and its in-flight calls re-sent."""
 
     def __init__(
         self,
@@ -32,6 +33,8 @@ class Cluster:
         max_concurrency: int | None = None,
         placement: str = "default",
         placement_timeout_s: float = 120.0,
+        max_restarts: int = 0,
+        max_task_retries: int = 0,
     ) -> None:
         self.name = name
         self.world_size = world_size
@@ -41,6 +44,10 @@ class Cluster:
             options["runtime_env"] = {"env_vars": env_vars}
         if max_concurrency:
             options["max_concurrency"] = max_concurrency
+        if max_restarts:
+            # Ray restarts a dead worker (same arguments) and, with max_task_retries, sends its in-flight calls
+            # again: only for workers whose calls are safe to repeat.
+            options |= {"max_restarts": max_restarts, "max_task_retries": max_task_retries}
         self.placement_group = None
         if placement != "default":
             self.placement_group = reserve_bundles(name, world_size, num_cpus, num_gpus, placement, placement_timeout_s)
