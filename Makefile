@@ -8,7 +8,7 @@ MODEL := examples/models/tiny-qwen2
 CONFIG ?= examples/math_code.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install model run test test-fast lint clean browser ui
+.PHONY: install model run test test-fast lint clean browser ui soak
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ run: model
 
 test: model browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# A 500-step run of the example with every process's memory sampled (too long for `make test`; see README).
+soak: model
+	$(BIN)/python -m benchmarks.soak --config $(CONFIG) --steps 500
 
 test-fast: model
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -23,6 +23,8 @@ TENSOR_KEYS: dict[str, str] = {
     "token_level_rewards": "(B, R) float, the score placed at the last response token (minus any KL penalty)",
     "old_log_probs": "(B, R) float, log-probs of the response under the policy that generated it",
     "ref_log_probs": "(B, R) float, log-probs of the response under the frozen reference policy",
+    "infer_log_probs": "(B, R) float, log-probs of the response under the distribution actor_infer sampled it from",
+    "infer_is_weights": "(B, R) float, truncated importance weights old / infer on the policy-gradient terms",
     "values": "(B, R) float, the critic's value estimates",
     "advantages": "(B, R) float",
     "returns": "(B, R) float, targets of the value loss",

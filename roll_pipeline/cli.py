@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from roll_pipeline.config import ConfigError, load_config
-from roll_pipeline.console import EXIT_USAGE, echo, error
+from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error
 from roll_pipeline.data.loading import DataError
 
 
@@ -30,15 +30,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from tqdm import tqdm
 
-    from roll_pipeline.pipeline import RLVRPipeline
+    from roll_pipeline.pipeline import RLVRPipeline, WorkerDiedError
 
-    pipeline = RLVRPipeline(resolved)
     cfg = resolved.config
+    checkpoint = None
+    if args.resume:
+        from roll_pipeline.checkpoint import checkpoint_root, latest_checkpoint
+
+        checkpoint = latest_checkpoint(checkpoint_root(cfg.output_dir))
+        if checkpoint is None:
+            error(f"--resume: no checkpoint under {checkpoint_root(cfg.output_dir)} (save_steps: {cfg.save_steps})")
+            return EXIT_USAGE
+    pipeline = RLVRPipeline(resolved)
     try:
-        echo(f"starting {cfg.exp_name}: {cfg.max_steps} steps, domains {resolved.domain_shares}")
-        pipeline.setup()
+        if checkpoint is None:
+            echo(f"starting {cfg.exp_name}: {cfg.max_steps} steps, domains {resolved.domain_shares}")
+        else:
+            echo(f"resuming {cfg.exp_name} from {checkpoint}")
+        pipeline.setup(resume_from=checkpoint)
         echo(f"MLflow run {pipeline.tracker.run_id} at {pipeline.tracker.uri}")
-        with tqdm(total=cfg.max_steps, desc="rl steps", unit="step", dynamic_ncols=True) as bar:
+        with tqdm(
+            total=cfg.max_steps, initial=pipeline.global_step, desc="rl steps", unit="step", dynamic_ncols=True
+        ) as bar:
 
             def on_step(step: int, metrics: dict[str, float]) -> None:
                 shown = {"reward": metrics.get("reward/all/score"), "s/step": metrics.get("time/step_s")}
@@ -48,6 +61,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 bar.update(1)
 
             summary = pipeline.run(on_step=on_step)
+    except WorkerDiedError as exc:
+        error(str(exc))
+        return EXIT_FAILED
     finally:
         pipeline.shutdown()
     _print_summary(summary)
@@ -106,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", metavar="key.path=value", help="override config values")
     run.add_argument(
         "--dry-run", action="store_true", help="check config, data, models and workers; do not train"
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the latest complete checkpoint under output_dir/checkpoints, in the same MLflow run",
     )
     run.set_defaults(func=cmd_run)
 

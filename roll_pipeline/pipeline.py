@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -16,12 +15,21 @@ from typing import Any
 
 import ray
 import torch
+from ray.exceptions import RayActorError
 
 from roll_pipeline.algorithms import ADVANTAGES, KL_CONTROLLERS
 from roll_pipeline.algorithms.advantages import place_at_last_token, postprocess_advantages
 from roll_pipeline.algorithms.kl import kl_penalty_rewards
+from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
 from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
 from roll_pipeline.batch import Batch
+from roll_pipeline.checkpoint import (
+    checkpoint_root,
+    config_changes,
+    latest_checkpoint,
+    read_state,
+    write_checkpoint,
+)
 from roll_pipeline.config import PipelineConfig, ResolvedConfig
 from roll_pipeline.data.loading import fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
@@ -33,8 +41,16 @@ from roll_pipeline.tracking.spool import SPOOL_DIRNAME
 from roll_pipeline.tracking.system import MemoryProbe
 from roll_pipeline.validation import answer_keys, rollout_metrics, validation_metrics
 from schedulers.dynamic_sampling import start_scheduler
+from workers.base import load_rng_states, rng_states
 
 logger = logging.getLogger(__name__)
+
+RNG_FILE = "rng_states.pt"
+PENDING_ROLLOUT_FILE = "pending_rollout.pt"
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker that holds training state (actor_train, critic) died; the message says how to resume."""
 
 
 def total_optimizer_steps(cfg: PipelineConfig, section: Any) -> int:
@@ -62,7 +78,14 @@ def init_ray(cfg: PipelineConfig) -> bool:
     needed = sum(s.world_size * s.num_cpus_per_worker for s in sections if s is not None)
     needed += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
     num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, logging_level=logging.WARNING)
+    # address "local": a cluster of this run's own, even when another one (`ray start`) runs on the machine.
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=True,
+        logging_level=logging.WARNING,
+    )
     return True
 
 
@@ -79,6 +102,17 @@ class StepTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
+@dataclasses.dataclass
+class Rollout:
+    """A step's rollout: launched (`refs`, one per domain) or collected (`batch`, `metrics`); `version` is the
+    weights version actor_infer generated it with."""
+
+    version: int
+    refs: dict[str, Any] | None = None
+    batch: Batch | None = None
+    metrics: dict[str, float] | None = None
+
+
 class RLVRPipeline:
     """Multi-domain RLVR: per-domain schedulers fill each step's batch, then one PPO-style update for all."""
 
@@ -88,6 +122,14 @@ class RLVRPipeline:
         self.tracker: MlflowTracker | None = None
         self.history: dict[int, dict[str, float]] = {}
         self.global_step = 0
+        self.resumed_from: Path | None = None
+        self.weights_version = 0
+        """The weights actor_infer holds: the number of actor updates they include."""
+        self.trained_version = 0
+        """The number of actor updates so far."""
+        self.is_async = self.cfg.async_generation_ratio > 0
+        self.next_rollout: Rollout | None = None
+        """Async: the next step's rollout, launched during this step."""
         self.owns_ray = False
         # Algorithm state carried from step to step (to be checkpointed with the run).
         self.reward_moments = DomainRewardMoments()
@@ -97,7 +139,9 @@ class RLVRPipeline:
 
     # ------------------------------------------------------------------------------------------- set-up
 
-    def setup(self) -> None:
+    def setup(self, resume_from: Path | None = None) -> None:
+        """Start every cluster and scheduler, and the MLflow run; with `resume_from` (a checkpoint folder), load
+        its state and go on in the MLflow run it names."""
         from workers.actor_infer import ActorInferWorker
         from workers.actor_train import ActorTrainWorker
         from workers.critic import CriticWorker
@@ -121,7 +165,9 @@ class RLVRPipeline:
         self.owns_ray = init_ray(cfg)
         self.device_pool = DevicePool.reserve(plan) if plan.slots else None
 
-        def make(name: str, cls: type, section: Any, max_concurrency: int | None = None, **kwargs: Any) -> Cluster:
+        def make(
+            name: str, cls: type, section: Any, max_concurrency: int | None = None, restarts: int = 0, **kwargs: Any
+        ) -> Cluster:
             return Cluster(
                 name,
                 cls,
@@ -133,16 +179,26 @@ class RLVRPipeline:
                 max_concurrency=max_concurrency,
                 placement=section.placement,
                 device_slots=self.device_pool.worker_options(name) if name in plan.slots else None,
+                max_restarts=restarts,
+                # actor_infer's requests are re-sent by the schedulers (with the current weights first).
+                max_task_retries=restarts if cls is not ActorInferWorker else 0,
             )
 
         self.actor_train = make(
             "actor_train", ActorTrainWorker, cfg.actor_train,
             total_optimizer_steps=total_optimizer_steps(cfg, cfg.actor_train),
         )
+        restarts = cfg.ray.worker_restarts
         self.actor_infer = make(
-            "actor_infer", ActorInferWorker, cfg.actor_infer, max_concurrency=ActorInferWorker.MAX_CONCURRENCY
+            "actor_infer",
+            ActorInferWorker,
+            cfg.actor_infer,
+            max_concurrency=ActorInferWorker.MAX_CONCURRENCY,
+            restarts=restarts,
         )
-        self.reference = make("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference else None
+        self.reference = (
+            make("reference", ReferenceWorker, cfg.reference, restarts=restarts) if cfg.needs_reference else None
+        )
         self.critic = (
             make("critic", CriticWorker, cfg.critic, total_optimizer_steps=total_optimizer_steps(cfg, cfg.critic))
             if cfg.adv_estimator == "gae"
@@ -166,11 +222,19 @@ class RLVRPipeline:
             )
             for domain in cfg.domain_interleave_probs
         }
-        self.tracker = MlflowTracker(cfg.tracking, Path(cfg.output_dir) / SPOOL_DIRNAME)
-        self.tracker.log_params(dataclasses.asdict(cfg))
+        spool_root = Path(cfg.output_dir) / SPOOL_DIRNAME
+        if resume_from is None:
+            self.tracker = MlflowTracker(cfg.tracking, spool_root)
+            self.tracker.log_params(dataclasses.asdict(cfg))
+        else:
+            state = self.restore(resume_from)
+            self._warn_config_changes(state["config"])
+            self.tracker = MlflowTracker(cfg.tracking, spool_root, resume_spool=state["mlflow_spool"])
         self.tracker.log_dict(self.resolved.to_dict(), "resolved_config.json")
         self.tracker.set_tags({**run_tags(self.resolved, cfg.tracking.hash_inputs), "pretrain": cfg.pretrain})
-        self.tracker.log_metrics(dropped, step=0)
+        if resume_from is None:  # a resumed run has them in its restored history and its MLflow run
+            self.history[0] = dict(dropped)
+            self.tracker.log_metrics(dropped, step=0)
         clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.rewards.values()]
         self.memory = MemoryProbe({c.name: c.workers for c in clusters if c is not None})
         self.answer_keys = answer_keys({domain: r.worker for domain, r in cfg.rewards.items()})
@@ -196,17 +260,30 @@ class RLVRPipeline:
             },
             env_vars=worker_env(1),
             pass_rank=False,
+            max_restarts=self.cfg.ray.worker_restarts,
+            max_task_retries=self.cfg.ray.worker_restarts,
         )
 
     # ------------------------------------------------------------------------------------------- the step
 
     def step(self) -> dict[str, float]:
-        """One RL step: rollout, log-probs, values, advantages, update, weight sync."""
+        """One RL step: rollout, log-probs, importance weights, values, rewards, advantages, update, weight sync.
+
+        With async_generation_ratio 1 the next step's rollout is launched right after this one's is collected,
+        with the weights from before this step's update, and generates while this step trains; the weights go
+        to actor_infer just before that launch instead of after the update."""
         timer = StepTimer()
         with timer.stage("rollout"):
-            batch, metrics = self.rollout()
+            rollout = self.rollout()
+        batch, metrics = rollout.batch, rollout.metrics
+        if self.is_async and self.global_step < self.cfg.max_steps:
+            with timer.stage("sync_weights"):
+                self.next_rollout = self.launch_rollout()
         with timer.stage("log_probs"):
             batch = self.compute_log_probs(batch)
+        with timer.stage("importance_weights"):
+            batch, offpolicy = self.importance_weights(batch, rollout.version)
+            metrics |= offpolicy
         with timer.stage("values"):
             batch = self.compute_values(batch)
         with timer.stage("shape_rewards"):
@@ -216,8 +293,9 @@ class RLVRPipeline:
             batch = self.compute_advantages(batch)
         with timer.stage("train"):
             metrics |= self.train(batch)
-        with timer.stage("sync_weights"):
-            self.sync_weights()
+        if not self.is_async:
+            with timer.stage("sync_weights"):
+                self.ensure_synced()
         metrics |= {f"time/{name}_s": s for name, s in timer.seconds.items()}
         generated = float(batch["response_mask"].sum())
         metrics["throughput/generated_tokens"] = generated
@@ -225,23 +303,50 @@ class RLVRPipeline:
         metrics["time/step_s"] = sum(timer.seconds.values())
         return metrics
 
-    def rollout(self) -> tuple[Batch, dict[str, float]]:
-        """Every domain's scheduler fills its share of rollout_batch_size prompts at the same time, each prompt
-        with a scored group that passed the domain's filters; group ids are then numbered over the whole batch."""
+    def rollout(self) -> Rollout:
+        """This step's rollout: the one launched during the last step (async), or a new one; waited for."""
+        pending, self.next_rollout = self.next_rollout, None
+        return self.finish_rollout(pending or self.launch_rollout())
+
+    def launch_rollout(self) -> Rollout:
+        """Every domain's scheduler starts filling its share of rollout_batch_size prompts, each prompt with a
+        scored group that passed the domain's filters, with the weights actor_train has now."""
+        self.ensure_synced()
         n = self.cfg.num_return_sequences_in_group
         args = self.cfg.actor_infer.generating_args
         shares = self.resolved.domain_shares
         refs = {d: self.schedulers[d].get_batch.remote(share, n, args) for d, share in shares.items()}
+        return Rollout(version=self.weights_version, refs=refs)
+
+    def finish_rollout(self, rollout: Rollout) -> Rollout:
+        """Wait for a launched rollout; its parts become one batch, group ids numbered over the whole batch."""
+        if rollout.batch is not None:
+            return rollout
+        n = self.cfg.num_return_sequences_in_group
         parts, metrics = [], {}
-        for domain, (part, scheduler_metrics) in zip(refs, ray.get(list(refs.values())), strict=True):
+        for domain, (part, scheduler_metrics) in zip(rollout.refs, ray.get(list(rollout.refs.values())), strict=True):
             parts.append(part)
             metrics |= rollout_metrics(domain, self._records(part)) | scheduler_metrics
         batch = Batch.concat(parts)
         batch = batch.update({"group_ids": torch.arange(len(batch) // n).repeat_interleave(n)})
-        if self.cfg.actor_infer.strategy_args.strategy_name == "vllm":
+        if self.cfg.actor_infer.strategy_args.strategy_name == "vllm" and not self.is_async:
             self.actor_infer.call("offload")  # colocated training gets the GPU memory back
         metrics |= rollout_metrics("all", self._records(batch))
-        return batch, metrics
+        return Rollout(version=rollout.version, batch=batch, metrics=metrics)
+
+    def importance_weights(self, batch: Batch, generated_with: int) -> tuple[Batch, dict[str, float]]:
+        """How off-policy the batch is (offpolicy/*: staleness in updates, and the importance weights between
+        the policy that sampled it and actor_train's), and the truncated weights when infer_is_cap is set."""
+        metrics = {"offpolicy/staleness": float(self.trained_version - generated_with)}
+        if "infer_log_probs" not in batch:
+            return batch, metrics
+        mask = batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
+        cap = self.cfg.infer_is_cap
+        metrics |= offpolicy_metrics(batch["old_log_probs"], batch["infer_log_probs"], mask, cap)
+        if cap is None:
+            return batch, metrics
+        weights = truncated_is_weights(batch["old_log_probs"], batch["infer_log_probs"], batch["response_mask"], cap)
+        return batch.update({"infer_is_weights": weights}), metrics
 
     def compute_log_probs(self, batch: Batch) -> Batch:
         old = self.actor_train.dispatch("compute_log_probs", batch)
@@ -306,6 +411,7 @@ class RLVRPipeline:
             refs += self.critic.call_async_dispatch("train_step", batch)
         if not warming_up:
             refs += self.actor_train.call_async_dispatch("train_step", batch)
+            self.trained_version += 1
         per_key: dict[str, list[float]] = {}
         for result in ray.get(refs):  # one per rank of each cluster; a key comes from one cluster's ranks
             for k, v in result.items():
@@ -315,19 +421,32 @@ class RLVRPipeline:
             metrics["critic/warmup"] = float(warming_up)
         return metrics
 
+    def ensure_synced(self) -> None:
+        """actor_infer gets actor_train's weights if they changed since it last got them."""
+        if self.weights_version != self.trained_version:
+            self.sync_weights()
+
     def sync_weights(self) -> None:
+        """actor_train's weights to actor_infer, as a new version; the schedulers keep a reference to them for a
+        worker that Ray restarts (it comes back with the starting weights), at the cost of one copy of the weights
+        in Ray's object store."""
         stage = self.cfg.actor_train.strategy_args.strategy_config.get("zero_optimization", {}).get("stage", 0)
         if stage == 3:  # sharded parameters: every rank takes part in gathering them
             weights = ray.put(self.actor_train.call("get_weights")[0])
         else:
             weights = ray.put(self.actor_train.call_rank0("get_weights"))
-        self.actor_infer.call("update_weights", weights)
+        self.weights_version = self.trained_version
+        self.actor_infer.call("update_weights", weights, self.weights_version)
+        ray.get([s.set_weights.remote(self.weights_version, [weights]) for s in self.schedulers.values()])
 
     # ------------------------------------------------------------------------------------------- the loop
 
     def validate(self) -> dict[str, float]:
         """k responses per validation prompt, scored by the training reward; metrics per tag and domain
-        (roll_pipeline/validation.py names them), and the sample table and accuracy chart go to MLflow."""
+        (roll_pipeline/validation.py names them), and the sample table and accuracy chart go to MLflow.
+
+        With the current weights: an async rollout still generating with older ones is finished first."""
+        self._settle()
         args = self.cfg.validation.generating_args
         v = self.cfg.validation
         refs = [s.validate.remote(args, v.max_prompts, v.num_samples) for s in self.schedulers.values()]
@@ -349,14 +468,15 @@ class RLVRPipeline:
         return metrics
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
-        """Train for max_steps; validate at the start, every eval_steps and at the end. Returns a summary."""
+        """Train up to max_steps (from the restored step after `restore`); validate at the start, every
+        eval_steps and at the end. Returns a summary."""
         cfg = self.cfg
         start = time.perf_counter()
         status = "FAILED"
         try:
-            if cfg.validation.eval_at_start and self._has_validation():
+            if cfg.validation.eval_at_start and self._has_validation() and self.resumed_from is None:
                 self._log(0, self.validate())
-            for step in range(1, cfg.max_steps + 1):
+            for step in range(self.global_step + 1, cfg.max_steps + 1):
                 self.global_step = step
                 metrics = self.step()
                 last = step == cfg.max_steps
@@ -368,6 +488,11 @@ class RLVRPipeline:
                 if on_step:
                     on_step(step, metrics)
             status = "FINISHED"
+        except RayActorError as exc:
+            dead = self._dead_training_workers()
+            if dead:
+                raise WorkerDiedError(self._death_message(dead, exc)) from exc
+            raise
         finally:
             if self.tracker:
                 self.tracker.finish(status)
@@ -391,26 +516,63 @@ class RLVRPipeline:
         }
 
     def save_checkpoint(self, step: int) -> Path:
-        """Write step_<N> under output_dir/checkpoints via a temporary folder, then point `latest` at it."""
-        root = Path(self.cfg.output_dir) / "checkpoints"
-        final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        """Everything the run needs to go on as if it had never stopped (roll_pipeline/checkpoint.py writes it
+        atomically): the trained clusters' DeepSpeed states and RNGs, actor_infer's and the driver's RNGs, every
+        scheduler's data position, the KL controller, the running reward moments, the metric history, the
+        step, and where the MLflow run is."""
+
+        self._settle()
+
+        def write_parts(folder: Path) -> None:
+            self.actor_train.call("save_checkpoint", str(folder / "actor_train"), {"step": step})
+            if self.critic is not None:
+                self.critic.call("save_checkpoint", str(folder / "critic"), {"step": step})
+            torch.save(
+                {"driver": rng_states(), "actor_infer": self.actor_infer.call("rng_state")}, folder / RNG_FILE
+            )
+            if self.next_rollout is not None:  # async: the next step's batch, generated already
+                pending = self.next_rollout
+                torch.save(
+                    {"version": pending.version, "batch": pending.batch, "metrics": pending.metrics},
+                    folder / PENDING_ROLLOUT_FILE,
+                )
+
         state = {
             "step": step,
+            "trained_version": self.trained_version,
             "schedulers": self.scheduler_states(),
+            "kl_ctrl": self.kl_ctrl.state_dict(),
+            "reward_moments": self.reward_moments.state_dict(),
+            "history": {str(k): v for k, v in self.history.items()},
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
+            "mlflow_spool": str(self.tracker.spool.path.resolve()) if self.tracker else None,
+            "config": self.resolved.to_dict(),
         }
-        self.actor_train.call("save_checkpoint", str(tmp / "actor_train"), {"step": step})
+        root = checkpoint_root(self.cfg.output_dir)
+        return write_checkpoint(root, step, write_parts, state, self.cfg.max_checkpoints_to_keep)
+
+    def restore(self, checkpoint: Path) -> dict[str, Any]:
+        """Load a checkpoint `save_checkpoint` wrote into the running clusters; returns its state."""
+        state = read_state(checkpoint)
+        self.actor_train.call("load_checkpoint", str(checkpoint / "actor_train"))
         if self.critic is not None:
-            self.critic.call("save_checkpoint", str(tmp / "critic"), {"step": step})
-        (tmp / "pipeline_state.json").write_text(json.dumps(state, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        latest_tmp = root / "latest.tmp"
-        latest_tmp.write_text(final.name)
-        latest_tmp.replace(root / "latest")
-        return final
+            self.critic.call("load_checkpoint", str(checkpoint / "critic"))
+        self.trained_version = state["trained_version"]
+        self.ensure_synced()
+        if (checkpoint / PENDING_ROLLOUT_FILE).exists():
+            self.next_rollout = Rollout(**torch.load(checkpoint / PENDING_ROLLOUT_FILE, weights_only=False))
+        ray.get([self.schedulers[d].load_state_dict.remote(s) for d, s in state["schedulers"].items()])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.reward_moments.load_state_dict(state["reward_moments"])
+        self.history = {int(k): v for k, v in state["history"].items()}
+        self.global_step = state["step"]
+        rngs = torch.load(checkpoint / RNG_FILE, weights_only=False)  # NumPy arrays and tuples inside
+        load_rng_states(rngs["driver"])
+        if len(rngs["actor_infer"]) == self.actor_infer.world_size:  # else the world size changed: fresh RNGs
+            workers = zip(self.actor_infer.workers, rngs["actor_infer"], strict=True)
+            ray.get([w.load_rng_state.remote(r) for w, r in workers])
+        self.resumed_from = checkpoint
+        return state
 
     def scheduler_states(self) -> dict[str, Any]:
         states = ray.get([s.state_dict.remote() for s in self.schedulers.values()])
@@ -435,12 +597,49 @@ class RLVRPipeline:
 
     # ------------------------------------------------------------------------------------------- helpers
 
+    def _settle(self) -> None:
+        """Finish an async rollout in flight (it keeps its batch for the next step) and give actor_infer the
+        current weights: before validating, and before a checkpoint (whose scheduler states then match)."""
+        if self.next_rollout is not None:
+            self.next_rollout = self.finish_rollout(self.next_rollout)
+        self.ensure_synced()
+
+    def _dead_training_workers(self) -> list[str]:
+        """Ranks of actor_train and critic that no longer answer."""
+        dead = []
+        for cluster in filter(None, [self.actor_train, self.critic]):
+            for rank, worker in enumerate(cluster.workers):
+                try:
+                    ray.get(worker.ready.remote(), timeout=30)
+                except (RayActorError, ray.exceptions.GetTimeoutError):
+                    dead.append(f"{cluster.name}[{rank}]")
+        return dead
+
+    def _death_message(self, dead: list[str], exc: BaseException) -> str:
+        checkpoint = latest_checkpoint(checkpoint_root(self.cfg.output_dir))
+        if checkpoint is not None:
+            how = f"resume from its last checkpoint, {checkpoint}, with `roll run CONFIG --resume`"
+        else:
+            how = "no checkpoint was saved to resume from (save_steps is 0 or no save came yet)"
+        cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        return (
+            f"{', '.join(dead)} died at step {self.global_step} ({cause}). actor_train and critic hold the training "
+            f"state and are not restarted, so the run stops; {how}"
+        )
+
+    def _warn_config_changes(self, saved: dict[str, Any]) -> None:
+        changed = config_changes(saved, self.resolved.to_dict())
+        if changed:
+            logger.warning(
+                "resuming with a config that differs from the checkpoint's in: %s", ", ".join(changed[:20])
+            )
+
     def _has_validation(self) -> bool:
         return self.has_validation
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         metrics = metrics | self.memory()
-        self.history[step] = metrics
+        self.history[step] = self.history.get(step, {}) | metrics
         if self.tracker:
             self.tracker.log_metrics(metrics, step)
 

@@ -11,11 +11,16 @@ A bound stops endless redraws: at most ceil(max_prompts_factor * share) prompts 
 scheduler either trains on what passed (the empty slots are filled with dropped groups whose samples are masked
 out of the loss, so batch shapes stay fixed; a warning and scheduler/<domain>/bound_hit say so) or raises
 `SamplingBoundError`, as `dynamic_sampling.on_bound` says.
+
+With `deterministic: true` the step no longer depends on timing: the scheduler draws in rounds, waits for every
+prompt of a round (nothing is aborted), keeps the passing groups in draw order, and gives each request a
+sampling seed made from the run's seed, the domain, the call and the draw number (`request_seed`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import math
@@ -27,11 +32,13 @@ from typing import Any
 import numpy as np
 import ray
 import torch
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import GeneratingArgs, PipelineConfig
 from schedulers.filters import apply_group_filters, apply_response_filters
-from workers.rewards.worker import domain_metrics
+from workers.actor_infer import StaleWeightsError
+from workers.rewards.worker import MASK_WORKER_LOST, domain_metrics, masked_result
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +84,12 @@ class PromptSampler:
         self._order = self._permutation(self.epoch)
 
 
+def request_seed(seed: int, domain: str, call: int, draw: int | str) -> int:
+    """The sampling seed of one request: a stable hash, the same in every process and on every run."""
+    digest = hashlib.blake2b(f"{seed}/{domain}/{call}/{draw}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
 def question_of(row: dict[str, Any]) -> str | None:
     """The prompt as the user wrote it: the last user message, or the plain `prompt` column (for judges)."""
     for message in reversed(row.get("messages") or []):
@@ -107,6 +120,8 @@ class DynamicSamplingScheduler:
     """The per-domain scheduler actor (asyncio: its calls await actor_infer and the reward workers)."""
 
     VAL_PROMPTS_PER_REQUEST = 16
+    RESTART_WAIT_S = 300.0
+    """How long a request waits for a restarting actor_infer worker before the step fails."""
 
     def __init__(
         self,
@@ -140,10 +155,14 @@ class DynamicSamplingScheduler:
         self.reward_workers = reward_workers
         self._next_infer = itertools.cycle(range(len(infer_workers)))
         self._next_reward = itertools.cycle(range(len(reward_workers)))
+        self.seed, self.deterministic = cfg.seed, cfg.deterministic
+        self.weights_version, self.weights_ref = 0, None
+        self.infer_retries = self.reward_failures = 0
         self.sampler = PromptSampler(len(rows), seed=cfg.seed + zlib.crc32(domain.encode()))
         self.pass_rate = 1.0
         """Running estimate of the share of groups that pass the filters; sizes the speculative draws."""
-        self._calls = itertools.count()
+        self._calls_made = 0
+        """get_batch and validate calls so far; part of request ids and seeds."""
         self.bound_hits = 0
         self.scored_unique = self.scored_total = 0
 
@@ -155,8 +174,9 @@ class DynamicSamplingScheduler:
         """`num_prompts` groups of `group_size` scored responses that passed the filters, and the step's metrics
         (scheduler/<domain>/... and reward/<domain>/... over every group scored this step)."""
         start = time.perf_counter()
-        call = next(self._calls)
+        call = self._next_call()
         self.scored_unique = self.scored_total = 0
+        self.infer_retries = self.reward_failures = 0
         bound = max(num_prompts, math.ceil(self.max_prompts_factor * num_prompts))
         kept: list[Group] = []
         dropped: list[Group] = []
@@ -166,20 +186,24 @@ class DynamicSamplingScheduler:
         drawn = peak = 0
 
         def want_more() -> bool:
+            if self.deterministic and (generating or scoring):
+                return False  # the next round starts when this one is resolved, whatever the timing
             expected = len(kept) + self.pass_rate * (len(generating) + len(scoring))
             return (
                 len(generating) < self.sampling.max_running_requests and drawn < bound and expected < num_prompts
             )
 
+        def unresolved() -> bool:
+            return len(kept) < num_prompts or (self.deterministic and bool(generating or scoring))
+
         try:
-            while len(kept) < num_prompts:
+            while unresolved():
                 while want_more():
                     (index,) = self.sampler.take(1)
                     worker = next(self._next_infer)
                     request_id = f"{self.domain}/{call}/{drawn}"
-                    request = self.infer_workers[worker].generate_request.remote(
-                        request_id, [self.prompt_ids[index]], args, group_size
-                    )
+                    seed = request_seed(self.seed, self.domain, call, drawn) if self.deterministic else None
+                    request = self._generate(worker, request_id, [self.prompt_ids[index]], args, group_size, seed)
                     generating[asyncio.ensure_future(request)] = (
                         request_id, worker, index, drawn, time.perf_counter()
                     )
@@ -214,6 +238,8 @@ class DynamicSamplingScheduler:
             dropped = [g for g in dropped if g.order < last]
         metrics = self._metrics(kept, dropped, drawn, peak, aborted, bound, num_prompts, time.perf_counter() - start)
         metrics[f"scheduler/{self.domain}/surplus"] = float(len(surplus))
+        metrics[f"scheduler/{self.domain}/infer_retries"] = float(self.infer_retries)
+        metrics[f"scheduler/{self.domain}/reward_worker_failures"] = float(self.reward_failures)
         metrics[f"scheduler/{self.domain}/scored_unique_frac"] = self.scored_unique / max(self.scored_total, 1)
         self.scored_unique = self.scored_total = 0
         if len(kept) < num_prompts:
@@ -276,10 +302,59 @@ class DynamicSamplingScheduler:
             if key not in unique:
                 unique[key] = len(firsts)
                 firsts.append(sample)
-        scored = await self.reward_workers[next(self._next_reward)].score_batch.remote(firsts)
+        scored = await self._score_unique(firsts)
         self.scored_unique += len(unique)
         self.scored_total += len(samples)
         return [scored[unique[(str(s["id"]), s["response"])]] for s in samples]
+
+    async def _generate(
+        self, worker: int, request_id: str, prompts: list[list[int]], args: GeneratingArgs, n: int, seed: int | None
+    ) -> dict[str, Any] | None:
+        """One generation request to actor_infer[worker]. A worker that Ray is restarting (unavailable) or that came
+        back with its starting weights gets the current weights and the request again, for up to
+        RESTART_WAIT_S; a worker that is dead for good (no restarts left) ends the step with its error."""
+        deadline = time.monotonic() + self.RESTART_WAIT_S
+        resync = False
+        for attempt in itertools.count():
+            try:
+                if resync and self.weights_ref is not None:
+                    await self.infer_workers[worker].update_weights.remote(self.weights_ref, self.weights_version)
+                return await self.infer_workers[worker].generate_request.remote(
+                    request_id, prompts, args, n, seed, self.weights_version
+                )
+            except (ActorUnavailableError, StaleWeightsError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                if not resync:
+                    self.infer_retries += 1
+                    logger.warning(
+                        "domain %r: actor_infer[%d] lost request %s (%s); sending it the current weights and the "
+                        "request again",
+                        self.domain, worker, request_id, type(exc).__name__,
+                    )
+                resync = True
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        raise AssertionError("unreachable")
+
+    async def _score_unique(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Score on the next reward worker. Ray restarts a dead one and sends the batch again; when the workers
+        stay dead (every one tried), the samples are masked as `worker_lost` and the step goes on."""
+        for _ in range(len(self.reward_workers)):
+            worker = next(self._next_reward)
+            try:
+                return await self.reward_workers[worker].score_batch.remote(samples)
+            except RayActorError as exc:
+                self.reward_failures += 1
+                logger.warning(
+                    "domain %r: reward worker %d failed (%s)", self.domain, worker, str(exc).splitlines()[0][:200]
+                )
+        logger.warning("domain %r: no reward worker answered; %d sample(s) masked", self.domain, len(samples))
+        return [masked_result(MASK_WORKER_LOST) for _ in samples]
+
+    def set_weights(self, version: int, weights: list[ray.ObjectRef]) -> None:
+        """The policy actor_infer should hold (the version and, in a list so Ray passes the reference on, the
+        weights), for a worker that comes back from a restart."""
+        self.weights_version, self.weights_ref = version, weights[0]
 
     async def _abort(self, generating: dict[asyncio.Task, tuple], scoring: dict[asyncio.Task, None]) -> int:
         """Abort what is still in flight: generation requests on actor_infer, and groups being scored (their
@@ -301,14 +376,16 @@ class DynamicSamplingScheduler:
 
         The prompts go out at once in requests of a few prompts each; actor_infer batches them."""
         n = len(self.val_rows) if max_prompts <= 0 else min(max_prompts, len(self.val_rows))
-        call = next(self._calls)
+        call = self._next_call()
         step = max(1, self.VAL_PROMPTS_PER_REQUEST // num_samples)
 
         async def one(start: int) -> list[Batch]:
-            worker = self.infer_workers[next(self._next_infer)]
+            worker = next(self._next_infer)
             ids = self.val_prompt_ids[start : min(start + step, n)]
             rows = self.val_rows[start : min(start + step, n)]
-            output = await worker.generate_request.remote(f"{self.domain}/val{call}/{start}", ids, args, num_samples)
+            seed = request_seed(self.seed, self.domain, call, f"val{start}") if self.deterministic else None
+            request_id = f"{self.domain}/val{call}/{start}"
+            output = await self._generate(worker, request_id, ids, args, num_samples, seed)
             texts = self._decode(output)
             results = await self._score([row for row in rows for _ in range(num_samples)], texts)
             parts = []
@@ -326,6 +403,10 @@ class DynamicSamplingScheduler:
         return Batch.concat([b for parts in chunks for b in parts])
 
     # ------------------------------------------------------------------------------------------- helpers
+
+    def _next_call(self) -> int:
+        self._calls_made += 1
+        return self._calls_made - 1
 
     def _decode(self, output: dict[str, Any]) -> list[str]:
         ids, mask = output["response_ids"], output["response_mask"]
@@ -377,6 +458,7 @@ class DynamicSamplingScheduler:
                 "response_mask": output["response_mask"],
                 "scores": scores,
                 "sample_mask": sample_mask,
+                **({"infer_log_probs": output["infer_log_probs"]} if "infer_log_probs" in output else {}),
             },
             {
                 "id": [row.get("id", row.get("_source"))] * n,
@@ -425,11 +507,23 @@ class DynamicSamplingScheduler:
         return metrics | domain_metrics(self.domain, [r for g in scored for r in g.results])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"domain": self.domain, "sampler": self.sampler.state_dict(), "pass_rate": self.pass_rate}
+        """The data position and everything the next draws depend on: the sampler, the pass-rate estimate, the
+        call counter (request ids and seeds) and the bound-hit count."""
+        return {
+            "domain": self.domain,
+            "sampler": self.sampler.state_dict(),
+            "pass_rate": self.pass_rate,
+            "calls": self._calls_made,
+            "bound_hits": self.bound_hits,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["domain"] != self.domain:
+            raise ValueError(f"scheduler state of domain {state['domain']!r} given to domain {self.domain!r}")
         self.sampler.load_state_dict(state["sampler"])
-        self.pass_rate = state.get("pass_rate", 1.0)
+        self.pass_rate = state["pass_rate"]
+        self._calls_made = state["calls"]
+        self.bound_hits = state["bound_hits"]
 
 
 def start_scheduler(domain: str, **kwargs: Any):

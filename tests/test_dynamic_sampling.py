@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from roll_pipeline.config import GeneratingArgs, load_config
 from roll_pipeline.data.loading import encode_prompts
 from roll_pipeline.distributed.cluster import Cluster
-from schedulers.dynamic_sampling import PromptSampler, SamplingBoundError, start_scheduler
+from schedulers.dynamic_sampling import PromptSampler, SamplingBoundError, request_seed, start_scheduler
 from tests.conftest import EXAMPLES, TINY_MODEL
 from workers.rewards.base import RewardResult, RewardScorer
 from workers.rewards.worker import RewardWorker
@@ -35,16 +35,21 @@ class ScriptedInfer:
     abort (the scheduler's logic is under test here, not generation). The k-th request of a step takes
     `delay_s * (1 + k % 8)`, so requests sent together finish one after another."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, reverse: bool = False) -> None:
         self.tok = AutoTokenizer.from_pretrained(str(TINY_MODEL))
         self.delay_s = delay_s
+        self.reverse = reverse
+        """Make the k-th request take `delay_s * (8 - k % 8)`: the later drawn, the sooner done."""
+        self.seeds: dict[str, int | None] = {}
         self.requests: list[str] = []
         self.aborted: list[str] = []
 
-    def generate_request(self, request_id, prompts, args, n):
+    def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None):
         self.requests.append(request_id)
+        self.seeds[request_id] = seed
         k = int(request_id.rsplit("/", 1)[1])
-        deadline = time.monotonic() + self.delay_s * (1 + k % 8)
+        delay = self.delay_s * ((8 - k % 8) if self.reverse else (1 + k % 8))
+        deadline = time.monotonic() + delay
         while time.monotonic() < deadline:
             if request_id in self.aborted:
                 return None
@@ -67,6 +72,9 @@ class ScriptedInfer:
 
     def log(self):
         return self.requests, self.aborted
+
+    def seeds_sent(self):
+        return dict(self.seeds)
 
 
 class SleepyScorer(RewardScorer):
@@ -129,8 +137,8 @@ def scheduler(cfg, rows, infer, reward_spec="math_rule", reward_options=None, va
     return actor, reward
 
 
-def scripted(delay_s=0.0, concurrency=64):
-    return [ray.remote(ScriptedInfer).options(num_cpus=0, max_concurrency=concurrency).remote(delay_s)]
+def scripted(delay_s=0.0, concurrency=64, reverse=False):
+    return [ray.remote(ScriptedInfer).options(num_cpus=0, max_concurrency=concurrency).remote(delay_s, reverse)]
 
 
 def draw_order(cfg, n_rows, k):
@@ -326,3 +334,40 @@ def test_identical_responses_to_a_prompt_are_scored_once(local_ray):
     assert m["scheduler/math/scored_unique_frac"] == 12 / 32
     patterns = [PATTERNS[["same1", "half"][int(rid[1:]) % 2]] for rid in batch.meta["id"][::N]]
     assert batch["scores"].tolist() == [float(a == "1") for answers in patterns for a in answers]
+
+
+@pytest.mark.slow
+def test_deterministic_mode_fills_the_share_in_draw_order_whatever_the_timing(local_ray):
+    """Later draws finish first here; deterministic mode still resolves every drawn prompt, aborts nothing, and
+    keeps the first passing groups in draw order, with a seed per request that depends only on (seed, domain,
+    call, draw). Two schedulers with opposite timings give the same batches."""
+    patterns = ["same1", "half", "same0", "half", "low", "half"] * 4
+    cfg = config(
+        ["deterministic=true", "dynamic_sampling.max_running_requests=8"],
+        group_filters="{std_filter: {}, mean_filter: {low: 0.3, high: 1.0}}",
+    )
+    rows = rows_of(patterns)
+    results = []
+    for reverse in (False, True):
+        infer = scripted(delay_s=0.02, reverse=reverse)
+        actor, _ = scheduler(cfg, rows, infer)
+        steps = [ray.get(actor.get_batch.remote(3, N, ARGS)) for _ in range(2)]
+        requests, aborted = ray.get(infer[0].log.remote())
+        assert aborted == []
+        seeds = ray.get(infer[0].seeds_sent.remote())
+        assert all(isinstance(seeds[r], int) for r in requests)
+        assert seeds["math/0/0"] == request_seed(cfg.seed, "math", 0, 0) != seeds["math/1/0"]
+        results.append((steps, seeds, ray.get(actor.state_dict.remote())))
+
+    for (batch, m), (batch2, m2) in zip(results[0][0], results[1][0], strict=True):
+        assert batch.meta["id"] == batch2.meta["id"]
+        assert m["scheduler/math/aborted"] == 0 == m2["scheduler/math/aborted"]
+        counts = ["prompts_drawn", "groups_kept", "dropped_std_filter", "dropped_mean_filter", "surplus"]
+        assert [m[f"scheduler/math/{c}"] for c in counts] == [m2[f"scheduler/math/{c}"] for c in counts]
+    assert results[0][1] == results[1][1]
+    assert results[0][2] == results[1][2]
+
+    # The first step's batch: the first three passing prompts in draw order.
+    order = draw_order(cfg, len(rows), int(results[0][0][0][1]["scheduler/math/prompts_drawn"]))
+    passing = [i for i in order if patterns[i] == "half"][:3]
+    assert results[0][0][0][0].meta["id"][::N] == [f"r{i}" for i in passing]

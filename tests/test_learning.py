@@ -42,11 +42,19 @@ def small_math_config(example: str, tmp_path, tiny_model) -> dict:
     return cfg
 
 
+# GRPO once more with async rollouts: each batch is generated one update behind, corrected by truncated IS.
+ASYNC = {"async_generation_ratio": 1.0, "infer_is_cap": 2.0}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("example", ["grpo.yaml", "dapo.yaml", "ppo_gae.yaml"])
-def test_example_config_raises_validation_accuracy(example, tmp_path, tiny_model):
+@pytest.mark.parametrize(
+    ("example", "extra"),
+    [("grpo.yaml", {}), ("dapo.yaml", {}), ("ppo_gae.yaml", {}), ("grpo.yaml", ASYNC)],
+    ids=["grpo", "dapo", "ppo_gae", "grpo_async"],
+)
+def test_example_config_raises_validation_accuracy(example, extra, tmp_path, tiny_model):
     path = tmp_path / example
-    path.write_text(yaml.safe_dump(small_math_config(example, tmp_path, tiny_model)))
+    path.write_text(yaml.safe_dump(small_math_config(example, tmp_path, tiny_model) | extra))
     pipeline = RLVRPipeline(load_config(path, []))
     try:
         pipeline.setup()
@@ -54,8 +62,14 @@ def test_example_config_raises_validation_accuracy(example, tmp_path, tiny_model
     finally:
         pipeline.shutdown()
     start, end = summary["start"]["val_correct/all/mean"], summary["end"]["val_correct/all/mean"]
-    print(f"{example}: val_correct/all/mean {start:.3f} at step 0 -> {end:.3f} at step {summary['steps']}")
+    print(f"{example} {extra}: val_correct/all/mean {start:.3f} at step 0 -> {end:.3f} at step {summary['steps']}")
     assert summary["steps"] == STEPS
+    staleness = [pipeline.history[s]["offpolicy/staleness"] for s in range(1, STEPS + 1)]
+    if extra:  # every batch after the first was generated one update behind, and weighted for it
+        assert staleness == [0.0] + [1.0] * (STEPS - 1)
+        assert all(pipeline.history[s]["offpolicy/is_weight_mean"] > 0 for s in range(1, STEPS + 1))
+    else:
+        assert staleness == [0.0] * STEPS
     # At least 3 more of the 32 prompts answered right. Runs are not bitwise repeatable on CPU (thread scheduling in
     # the reductions); measured rises were 4 to 6 prompts per config.
     gained = round((end - start) * PROMPTS)

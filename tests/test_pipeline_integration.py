@@ -62,7 +62,8 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         assert len(set(pids.values())) == len(pids), "every cluster runs in its own process"
 
         before = pipeline.actor_train.call_rank0("get_weights")
-        batch, rollout = pipeline.rollout()
+        rollout = pipeline.rollout()
+        batch = rollout.batch
         assert len(batch) == 4 * 4
         assert set(batch.meta["domain"]) == {"math", "code"}
         assert batch["group_ids"].tolist() == [g for g in range(4) for _ in range(4)]

@@ -342,6 +342,7 @@ def test_domain_metrics(make_worker):
         "reward/math/masked_error": 1.0,
         "reward/math/masked_crash": 1.0,
         "reward/math/masked_timeout": 0.0,
+        "reward/math/masked_worker_lost": 0.0,
         "reward/math/timed_out": 0.0,
         "reward/math/score": pytest.approx(2 / 3),
         "reward/math/correct": pytest.approx(2 / 3),

@@ -4,6 +4,7 @@ output conversion, and a clear error on a host without vLLM or a GPU."""
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from workers.strategies.vllm_infer import (
     StrategyUnavailable,
     check_vllm_available,
     outputs_to_tensors,
+    sampled_token_log_probs,
     sampling_kwargs,
     vllm_weight_items,
 )
@@ -75,3 +77,16 @@ def test_a_host_without_vllm_or_gpu_gets_a_clear_error():
 
     with pytest.raises(StrategyUnavailable, match="a CUDA GPU"):
         make_infer_strategy(cfg)
+
+
+def test_log_probs_of_the_sampled_tokens_come_out_padded_like_the_tokens():
+    logprob = SimpleNamespace
+    steps = [{5: logprob(logprob=-0.5), 9: logprob(logprob=-2.0)}, {6: logprob(logprob=-0.25)}, {2: logprob(logprob=-1.0)}]
+    assert sampled_token_log_probs([5, 6, 2], steps) == [-0.5, -0.25, -1.0]
+    assert sampled_token_log_probs([5], None) is None
+    out = outputs_to_tensors([([5, 6, 2], "stop", [-0.5, -0.25, -1.0]), ([7], "length", [-3.0])], pad_id=0)
+    assert out["infer_log_probs"].tolist() == [[-0.5, -0.25, -1.0], [-3.0, 0.0, 0.0]]
+    # A row without log-probs (the engine was not asked for them): no infer_log_probs at all.
+    assert "infer_log_probs" not in outputs_to_tensors([([5], "stop", None), ([7], "stop", [-1.0])], pad_id=0)
+    assert sampling_kwargs(GeneratingArgs(), 2, [2], with_log_probs=True)["logprobs"] == 0
+    assert "logprobs" not in sampling_kwargs(GeneratingArgs(), 2, [2])

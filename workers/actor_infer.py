@@ -15,8 +15,13 @@ import torch
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import GeneratingArgs, PipelineConfig
 from roll_pipeline.data.loading import collate_prompts
-from workers.base import Worker
+from workers.base import Worker, load_rng_states, rng_states
 from workers.request_batcher import Request, RequestBatcher
+
+
+class StaleWeightsError(RuntimeError):
+    """A request names a newer policy than this worker holds: it was restarted and came back with the starting
+    weights. The caller sends the current weights and the request again."""
 
 
 def make_infer_strategy(pipeline_config: PipelineConfig):
@@ -42,13 +47,32 @@ class ActorInferWorker(Worker):
         self.pad_id = self.strategy.pad_id
         self.batcher = RequestBatcher(self._run_batch, max_sequences=section.infer_batch_size, name="actor_infer")
         self._ids = itertools.count()
+        self.with_log_probs = pipeline_config.needs_infer_log_probs
+        self.weights_version = 0
+        """0: the weights the worker started with; each update_weights names the version it brings."""
 
     def generate_request(
-        self, request_id: str, prompts: list[list[int]], args: GeneratingArgs, num_return_sequences: int
+        self,
+        request_id: str,
+        prompts: list[list[int]],
+        args: GeneratingArgs,
+        num_return_sequences: int,
+        seed: int | None = None,
+        weights_version: int | None = None,
     ) -> dict[str, Any] | None:
         """Responses for a few prompts (token lists), `num_return_sequences` each, rows grouped by prompt:
-        ``{"response_ids", "response_mask", "finish_reason"}``; None if the request was aborted."""
-        request = Request(request_id, prompts, num_return_sequences, key=(args, num_return_sequences), payload=args)
+        ``{"response_ids", "response_mask", "finish_reason"}``; None if the request was aborted.
+
+        A request with a `seed` runs as a batch of its own, sampled from that seed: its responses then depend on
+        nothing but its prompts, the weights and the seed (deterministic runs). A request that names a
+        `weights_version` this worker does not hold raises StaleWeightsError."""
+        if weights_version is not None and weights_version != self.weights_version:
+            raise StaleWeightsError(
+                f"{self.name}[{self.rank}] holds weights version {self.weights_version}, the request needs "
+                f"{weights_version}"
+            )
+        key = (args, num_return_sequences) if seed is None else (args, num_return_sequences, request_id)
+        request = Request(request_id, prompts, num_return_sequences, key=key, payload=(args, seed))
         return self.batcher.submit(request).result()
 
     def abort(self, request_ids: list[str]) -> int:
@@ -77,16 +101,33 @@ class ActorInferWorker(Worker):
             with self.batcher.generation_lock:
                 sleep()
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
         with self.batcher.generation_lock:
             self.strategy.load_state_dict(state_dict)
+            if version is not None:
+                self.weights_version = version
+
+    def rng_state(self) -> dict[str, Any]:
+        """The global RNG states (what unseeded sampling draws from), for checkpoints."""
+        return rng_states()
+
+    def load_rng_state(self, state: dict[str, Any]) -> None:
+        load_rng_states(state)
 
     def _run_batch(self, requests: list[Request], is_aborted) -> list[dict[str, Any]]:
-        args: GeneratingArgs = requests[0].payload
+        args, seed = requests[0].payload  # a seeded request is alone in its batch (its key holds its id)
         n = requests[0].num_return_sequences
         owner = [i for i, r in enumerate(requests) for _ in r.prompts]
         prompt_ids, prompt_mask = collate_prompts([p for r in requests for p in r.prompts], self.pad_id)
-        out = self.strategy.generate(prompt_ids, prompt_mask, args, n, is_aborted=lambda p: is_aborted(owner[p]))
+        out = self.strategy.generate(
+            prompt_ids,
+            prompt_mask,
+            args,
+            n,
+            is_aborted=lambda p: is_aborted(owner[p]),
+            seed=seed,
+            with_log_probs=self.with_log_probs,
+        )
         results, row = [], 0
         for request in requests:
             rows = slice(row, row + request.sequences)
@@ -97,6 +138,7 @@ class ActorInferWorker(Worker):
                     "response_ids": out["response_ids"][rows].clone(),
                     "response_mask": out["response_mask"][rows].clone(),
                     "finish_reason": out["finish_reason"][rows],
+                    **({"infer_log_probs": out["infer_log_probs"][rows].clone()} if "infer_log_probs" in out else {}),
                 }
             )
         return results

@@ -61,6 +61,8 @@ def policy_objective(
         clip_high=clip_high,
         dual_clip_c=cfg.dual_clip_c,
     )
+    if "infer_is_weights" in micro:  # off-policy correction for the policy that sampled the batch
+        pg = pg * micro["infer_is_weights"]
     pg_loss = aggregate(pg)
     loss = pg_loss
     parts = {"pg_loss": pg_loss.detach(), "entropy": aggregate(entropy.detach())}
@@ -126,6 +128,14 @@ class ActorTrainWorker(Worker):
         return self.strategy.state_dict_for_inference()
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:
+        """DeepSpeed's checkpoint and RNG states (every rank), and the weights as a Hugging Face folder (rank 0; a
+        model `from_pretrained` loads, e.g. for `roll serve`)."""
         self.strategy.save(path, client_state)
+        # Under ZeRO-3 each rank holds a shard: every rank takes part in gathering the whole weights.
+        weights = self.strategy.state_dict_for_inference() if self.strategy.zero_stage == 3 else None
         if self.rank == 0:
-            self.strategy.module.save_pretrained(os.path.join(path, "hf_model"))
+            self.strategy.module.save_pretrained(os.path.join(path, "hf_model"), state_dict=weights)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Weights, optimizer and LR schedule states and RNG states, as `save_checkpoint` wrote them."""
+        return self.strategy.load(path)

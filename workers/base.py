@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import socket
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,6 +58,22 @@ def quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
     for noisy in ("DeepSpeed", "deepspeed", "datasets"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's global RNG states (Python, NumPy, torch CPU and, where there is one, CUDA)."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def load_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def seed_everything(seed: int) -> None:

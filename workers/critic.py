@@ -65,3 +65,6 @@ class CriticWorker(Worker):
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:
         self.strategy.save(path, client_state)
+
+    def load_checkpoint(self, path: str) -> dict:
+        return self.strategy.load(path)

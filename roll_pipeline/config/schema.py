@@ -363,10 +363,17 @@ class RayConfig:
     num_gpus_per_node: int = 8
     """GPUs per node of the pool that the clusters' device_mapping indices number (ROLL's num_gpus_per_node):
     index i is on node i // num_gpus_per_node. Unused without device mappings."""
+    worker_restarts: int = 3
+    """Times Ray restarts a dead actor_infer, reference or reward worker; the calls it had in flight are sent
+    again (actor_infer gets the current weights first). A reward worker that stays dead has its samples masked
+    (reward/<domain>/masked_worker_lost). actor_train and critic hold the training state and are not restarted:
+    their death stops the run, which `roll run --resume` continues from the last checkpoint."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
         if self.num_gpus_per_node < 1:
             yield "num_gpus_per_node", "must be >= 1"
+        if self.worker_restarts < 0:
+            yield "worker_restarts", "must be >= 0"
 
 
 def _check_name(kind: str, name: str | None) -> str | None:
@@ -462,7 +469,25 @@ class PipelineConfig:
     eval_steps: int = 10
     """Validate every this many steps and at the last step; 0: only at the start and the end."""
     save_steps: int = 0
-    """Checkpoint every this many steps; 0 disables checkpoints."""
+    """Checkpoint every this many steps (and at the last step); 0 disables checkpoints. A checkpoint holds all a
+    run needs to go on as if it had never stopped (`roll run CFG --resume`)."""
+    max_checkpoints_to_keep: int = 2
+    """Checkpoints kept under output_dir/checkpoints; older ones are deleted after a new one is complete."""
+    async_generation_ratio: float = 0.0
+    """0: synchronous, each step generates with the weights it trains. 1: the next step's rollout is generated
+    while this step trains, with the weights from before this step's update, so every batch is one update old
+    (staleness exactly 1; more is not supported). Pair it with infer_is_cap."""
+    infer_is_cap: float | None = None
+    """Truncated importance sampling between the policy that generated a batch (actor_infer's log-probs of the
+    tokens it sampled) and actor_train's policy before the update: each token's policy-gradient term is weighted
+    by min(exp(old_log_prob - infer_log_prob), infer_is_cap) (TIS; Yao et al. 2025, "Your efficient RL framework
+    secretly brings you off-policy RL training"). None: off. 2.0 is the usual cap. The offpolicy/* metrics are
+    logged whenever actor_infer returns log-probs (async runs, or a cap set)."""
+    deterministic: bool = False
+    """Repeatable runs: the same config and seed give the same metrics bitwise on CPU, and a resumed run goes on
+    exactly as the uninterrupted one would have. Each prompt's group is then generated on its own with a sampling
+    seed of its own (no batching across prompts), and a domain's scheduler waits for every prompt it drew before
+    it fills its share in draw order (no aborts). Slower; for debugging and for tests."""
     adv_estimator: str = "grpo"
     """Advantage estimator (roll_pipeline/algorithms/advantages.py): `grpo` (group mean and std; DeepSeekMath,
     arXiv:2402.03300), `dr_grpo` (group mean only; Dr. GRPO, arXiv:2503.20783), `rloo` (leave-one-out group mean;
@@ -548,6 +573,12 @@ class PipelineConfig:
             yield "num_return_sequences_in_group", "must be >= 1"
         if self.eval_steps < 0 or self.save_steps < 0:
             yield "eval_steps" if self.eval_steps < 0 else "save_steps", "must be >= 0"
+        if self.max_checkpoints_to_keep < 1:
+            yield "max_checkpoints_to_keep", "must be >= 1"
+        if self.async_generation_ratio not in (0.0, 1.0):
+            yield "async_generation_ratio", f"must be 0 (synchronous) or 1 (one step ahead), got {self.async_generation_ratio}"
+        if self.infer_is_cap is not None and self.infer_is_cap <= 0:
+            yield "infer_is_cap", "must be > 0 (or null: off)"
         yield from self._validate_domains()
         if self.adv_estimator == "gae" and self.critic is None:
             yield "critic", "adv_estimator gae needs a critic section"
@@ -604,6 +635,11 @@ class PipelineConfig:
         low = self.pg_clip if self.pg_clip_low is None else self.pg_clip_low
         high = self.pg_clip if self.pg_clip_high is None else self.pg_clip_high
         return low, high
+
+    @property
+    def needs_infer_log_probs(self) -> bool:
+        """actor_infer returns the log-probs of what it samples (for the correction and the offpolicy metrics)."""
+        return self.async_generation_ratio > 0 or self.infer_is_cap is not None
 
     @property
     def needs_reference(self) -> bool:

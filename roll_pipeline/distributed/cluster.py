@@ -16,7 +16,8 @@ logger = logging.getLogger(__name__)
 class Cluster:
     """`world_size` Ray actors of `worker_cls`; rank r gets `worker_kwargs` plus, with `pass_rank`, its name,
     rank and the world size (workers that need no process group, such as reward workers, do without).
-    `max_concurrency` > 1 makes each a threaded actor that serves that many calls at once."""
+    `max_concurrency` > 1 makes each a threaded actor that serves that many calls at once. `max_restarts` and
+    `max_task_retries` are Ray's: how often a dead worker is restarted and its in-flight calls re-sent."""
 
     def __init__(
         self,
@@ -33,6 +34,8 @@ class Cluster:
         placement: str = "default",
         placement_timeout_s: float = 120.0,
         device_slots: Sequence[dict[str, Any]] | None = None,
+        max_restarts: int = 0,
+        max_task_retries: int = 0,
     ) -> None:
         """`device_slots`: per rank, the Ray options of a device-mapped worker from `DevicePool.worker_options`
         (its bundle of the shared GPU pool, its share of that GPU, its CPUs, extra env vars); they replace
@@ -52,6 +55,10 @@ class Cluster:
             options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
             if max_concurrency:
                 options["max_concurrency"] = max_concurrency
+            if max_restarts:
+                # Ray restarts a dead worker (same arguments) and, with max_task_retries, sends its in-flight
+                # calls again: only for workers whose calls are safe to repeat.
+                options |= {"max_restarts": max_restarts, "max_task_retries": max_task_retries}
             rank_env = dict(env_vars or {})
             if self.placement_group is not None:
                 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -16,6 +16,11 @@ append a table twice.
 
 A server that is down when the run starts is the same case: the run starts, and its MLflow run is created
 (with the start time it would have had) when the server is back; until then `run_id` is None.
+
+A resumed run (`roll run --resume`) appends to the spool of the run it continues, so it goes on in the same
+MLflow run; the steps it computes again (those between its checkpoint and the crash) are not logged again when
+the spool already holds them, nor are the tables of those steps, so MLflow has every step exactly once. In a
+`deterministic` run those values are the same ones; otherwise MLflow keeps the ones logged first.
 """
 
 from __future__ import annotations
@@ -204,6 +209,8 @@ class Sender:
             self._log_table(run_id, entry["data"], entry["artifact_file"])
         elif kind == "terminate":
             self.client.set_terminated(run_id, status=entry["status"], end_time=entry["end_time"])
+        elif kind == "reopen":  # a resumed run: RUNNING again, whatever the crash left
+            self.client.update_run(run_id, status="RUNNING")
         else:
             raise ValueError(f"unknown spool entry kind {kind!r} (entry {entry['id']})")
         return None
@@ -234,12 +241,17 @@ class Sender:
                     (m.key, m.value, m.timestamp, m.step) for m in self.client.get_metric_history(run_id, key)
                 }
             metrics = [m for m in metrics if m not in stored]
-        self.client.log_batch(
-            run_id,
-            metrics=[Metric(k, v, ts, step) for k, v, ts, step in metrics],
-            params=[Param(k, v) for k, v in entry.get("params", [])],
-            tags=[RunTag(k, v) for k, v in entry.get("tags", [])],
-        )
+        params = [Param(k, v) for k, v in entry.get("params", [])]
+        tags = [RunTag(k, v) for k, v in entry.get("tags", [])]
+        # MLflow takes at most 1000 metrics per call; a failure part-way is the uncertain case above.
+        for i in range(0, max(len(metrics), 1), _METRICS_PER_CALL):
+            chunk = metrics[i : i + _METRICS_PER_CALL]
+            self.client.log_batch(
+                run_id,
+                metrics=[Metric(k, v, ts, step) for k, v, ts, step in chunk],
+                params=params if i == 0 else [],
+                tags=tags if i == 0 else [],
+            )
 
     def _log_table(self, run_id: str, data: dict[str, list], artifact_file: str) -> None:
         """`log_table` appends to a table that exists, so a table that is already there is not sent again;
@@ -260,20 +272,40 @@ class MlflowTracker:
     """What the pipeline logs, spooled and sent in the background (module doc). `client` replaces the
     MlflowClient (tests use it to inject failures)."""
 
-    def __init__(self, cfg: TrackingConfig, spool_root: str | Path, client: Any = None) -> None:
-        self.uri = tracking_uri(cfg)
+    def __init__(
+        self, cfg: TrackingConfig, spool_root: str | Path, client: Any = None, resume_spool: str | Path | None = None
+    ) -> None:
+        """`resume_spool`: the spool of the run to go on with (module doc); a fresh run when None, or, with a
+        warning, when that spool is gone."""
         self.flush_timeout_s = cfg.flush_timeout_s
-        self.spool = Spool.create(Path(spool_root), self.uri, cfg.experiment_name, cfg.run_name)
-        self.spool.append(
-            "create_run",
-            {
-                "experiment_name": cfg.experiment_name,
-                "run_name": cfg.run_name,
-                "start_time": _now_ms(),
-                "tags": {SPOOL_TAG: self.spool.meta["spool_id"]},
-            },
-        )
-        self.sender = Sender(self.spool, self.uri, cfg.retry_interval_s, client)
+        self.resumed_steps: set[int] = set()
+        """Steps (and tables) the spool of a resumed run held already: not logged again."""
+        self.resumed_tables: set[str] = set()
+        if resume_spool is not None and (Path(resume_spool) / "meta.json").is_file():
+            self.spool = Spool(Path(resume_spool))
+            self.uri = self.spool.meta["tracking_uri"]
+            for entry in self.spool.entries():
+                self.resumed_steps |= {int(m[3]) for m in entry.get("metrics", [])}
+                if entry["kind"] == "table":
+                    self.resumed_tables.add(entry["artifact_file"])
+            self.spool.append("reopen", {})
+        else:
+            if resume_spool is not None:
+                logger.warning("the spool %s of the run to resume is gone: starting a new MLflow run", resume_spool)
+            self.uri = tracking_uri(cfg)
+            self.spool = Spool.create(Path(spool_root), self.uri, cfg.experiment_name, cfg.run_name)
+            self.spool.append(
+                "create_run",
+                {
+                    "experiment_name": cfg.experiment_name,
+                    "run_name": cfg.run_name,
+                    "start_time": _now_ms(),
+                    "tags": {SPOOL_TAG: self.spool.meta["spool_id"]},
+                },
+            )
+        # After a crash the last entry sent may have been stored without an acknowledgement.
+        uncertain = resume_spool is not None
+        self.sender = Sender(self.spool, self.uri, cfg.retry_interval_s, client, uncertain=uncertain)
         self.sender.down = not server_reachable(self.uri)
         self.sender.drain()  # in the foreground, so the run id is known at once when the store is up
         if self.run_id is None:
@@ -309,11 +341,14 @@ class MlflowTracker:
             self._append("batch", {"tags": items[i : i + _PARAMS_PER_CALL]})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """All of a step's metrics in one entry (one log_batch); NaN values (nothing measured) are dropped."""
+        """All of a step's metrics in one entry (one log_batch per 1000 when sent); NaN values (nothing
+        measured) are dropped; a step the spool already holds (a resumed run) is not logged again."""
+        if step in self.resumed_steps:
+            logger.info("step %d is already in the MLflow run (logged before the resume); not logged again", step)
+            return
         now = _now_ms()
         batch = [[k, float(v), now, step] for k, v in metrics.items() if not math.isnan(float(v))]
-        for i in range(0, len(batch), _METRICS_PER_CALL):
-            self._append("batch", {"metrics": batch[i : i + _METRICS_PER_CALL]})
+        self._append("batch", {"metrics": batch})
 
     def log_dict(self, data: Mapping[str, Any], artifact_file: str) -> None:
         self.log_file(json.dumps(dict(data), indent=2).encode(), artifact_file)
@@ -324,7 +359,10 @@ class MlflowTracker:
         self._append("artifact", {"name": name, "artifact_path": folder or None}, files={name: content})
 
     def log_table(self, data: Mapping[str, list], artifact_file: str) -> None:
-        """A table (columns of equal length) with MLflow's `log_table`; the MLflow UI shows it as a table."""
+        """A table (columns of equal length) with MLflow's `log_table`; the MLflow UI shows it as a table. MLflow
+        appends to a table that exists, so a table the spool already holds (a resumed run) is not logged again."""
+        if artifact_file in self.resumed_tables:
+            return
         self._append("table", {"data": {k: list(v) for k, v in data.items()}, "artifact_file": artifact_file})
 
     def finish(self, status: str = "FINISHED") -> None:

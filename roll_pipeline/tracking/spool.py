@@ -118,6 +118,11 @@ class Spool:
             self._next_id = entry_id + 1
             return entry_id
 
+    def entries(self) -> list[dict[str, Any]]:
+        """Every complete entry on disk, in order."""
+        with (self.path / "entries.jsonl").open("rb") as f:
+            return [json.loads(line) for line in f if line.endswith(b"\n")]
+
     # ------------------------------------------------------------------------------------------- sending
 
     def next_unacked(self) -> dict[str, Any] | None:

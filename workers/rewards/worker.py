@@ -23,7 +23,9 @@ MASK_NOT_APPLICABLE = "not_applicable"
 MASK_ERROR = "error"
 MASK_CRASH = "crash"
 MASK_TIMEOUT = "timeout"
-_MASK_REASONS = (MASK_NOT_APPLICABLE, MASK_ERROR, MASK_CRASH, MASK_TIMEOUT)
+MASK_WORKER_LOST = "worker_lost"
+"""Set by the scheduler, not here: the reward worker itself died and stayed dead."""
+_MASK_REASONS = (MASK_NOT_APPLICABLE, MASK_ERROR, MASK_CRASH, MASK_TIMEOUT, MASK_WORKER_LOST)
 
 
 class RewardWorker:
@@ -64,7 +66,8 @@ class RewardWorker:
             name=f"reward-{domain}",
             start_timeout_s=start_timeout_s,
         )
-        self._masked_total = dict.fromkeys(_MASK_REASONS, 0)
+        # worker_lost is the scheduler's finding (this worker died), never this worker's own.
+        self._masked_total = dict.fromkeys((r for r in _MASK_REASONS if r != MASK_WORKER_LOST), 0)
         self._scored_total = 0
 
     def close(self) -> None:
@@ -113,12 +116,12 @@ class RewardWorker:
                 sample.get("id"),
                 self.timeout_s,
             )
-            return _masked(MASK_TIMEOUT)
+            return masked_result(MASK_TIMEOUT)
         if outcome.kind == "crash":
             logger.warning(
                 "reward worker %r: sample %r: %s; masked", self.domain, sample.get("id"), outcome.detail
             )
-            return _masked(MASK_CRASH)
+            return masked_result(MASK_CRASH)
         if outcome.kind == "error":
             logger.warning(
                 "reward worker %r: scorer failed on sample %r; masked\n%s",
@@ -126,17 +129,17 @@ class RewardWorker:
                 sample.get("id"),
                 outcome.detail.rstrip(),
             )
-            return _masked(MASK_ERROR)
+            return masked_result(MASK_ERROR)
         result = outcome.value
         if result is None:
-            return _masked(MASK_NOT_APPLICABLE)
+            return masked_result(MASK_NOT_APPLICABLE)
         if not isinstance(result, RewardResult):
             logger.warning(
                 "reward worker %r: scorer returned %s, not a RewardResult; masked",
                 self.domain,
                 type(result).__name__,
             )
-            return _masked(MASK_ERROR)
+            return masked_result(MASK_ERROR)
         return {
             "score": float(result.score),
             "correct": bool(result.correct),
@@ -182,5 +185,6 @@ def domain_metrics(domain: str, results: list[dict]) -> dict[str, float]:
     return metrics
 
 
-def _masked(reason: str) -> dict:
+def masked_result(reason: str) -> dict:
+    """A masked sample's record, as ``score_batch`` returns it."""
     return {"score": None, "correct": None, "masked": True, "mask_reason": reason, "metrics": {}}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from roll_pipeline.config import ActorTrainConfig
 from workers.strategies.loading import DTYPES
@@ -111,5 +113,24 @@ class DeepSpeedTrainStrategy:
         return out
 
     def save(self, path: str, client_state: dict[str, Any]) -> None:
+        """DeepSpeed's checkpoint (weights, optimizer, LR schedule; every rank writes its shards) plus this rank's
+        RNG states, which DeepSpeed does not keep."""
+        from workers.base import rng_states
+
         self.engine.save_checkpoint(path, tag="engine", client_state=client_state)
+        torch.save(rng_states(), os.path.join(path, f"rng_rank{dist.get_rank() if dist.is_initialized() else 0}.pt"))
+
+    def load(self, path: str) -> dict[str, Any]:
+        """Restore what `save` wrote, in place; returns the client state saved with it."""
+        from workers.base import load_rng_states
+
+        loaded, client_state = self.engine.load_checkpoint(
+            path, tag="engine", load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if loaded is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint (tag 'engine') under {path}")
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        # RNG states hold NumPy arrays and Python tuples: not loadable with weights_only.
+        load_rng_states(torch.load(os.path.join(path, f"rng_rank{rank}.pt"), weights_only=False))
+        return client_state or {}
 

@@ -26,6 +26,17 @@ def truncate_at_eos(responses: torch.Tensor, eos_ids: list[int], pad_id: int) ->
     return cleaned, mask, finish
 
 
+def sampled_log_probs(scores: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:
+    """(B, T) log-probabilities of the generated `tokens` (B, T) under the distribution they were drawn from:
+    `scores` are generate's processed logits per step (temperature, top-p and top-k applied), one (B, V) each."""
+    steps = [
+        torch.log_softmax(step.float(), dim=-1).gather(-1, tokens[:, t : t + 1]).squeeze(-1)
+        for t, step in enumerate(scores)
+    ]
+    out = torch.stack(steps, dim=1) if steps else tokens.new_zeros(tokens.shape, dtype=torch.float32)
+    return torch.nan_to_num(out, neginf=0.0)  # rows that stopped early are padded with tokens of no mass
+
+
 class _AbortedRows(StoppingCriteria):
     """Stops the rows whose prompt was aborted: row r of a chunk belongs to prompt `first + r // n`."""
 
@@ -66,30 +77,48 @@ class HFInferStrategy:
         args: GeneratingArgs,
         num_return_sequences: int,
         is_aborted: Callable[[int], bool] | None = None,
+        seed: int | None = None,
+        with_log_probs: bool = False,
     ) -> dict[str, object]:
         """Sample `num_return_sequences` responses per prompt; rows come out grouped by prompt (i * n + j).
 
         `is_aborted(prompt_index)`, checked after every token, stops that prompt's rows early (their output is
-        then unfinished and the caller discards it)."""
+        then unfinished and the caller discards it). `seed`, when given, seeds the sampling first, so the same
+        prompts give the same responses (the caller runs one seeded request at a time). `with_log_probs` adds
+        `infer_log_probs` (B, R): each token's log-probability under the sampling distribution."""
         gen_cfg = self.generation_config(args, num_return_sequences)
+        if seed is not None:
+            torch.manual_seed(seed)
         prompts_per_call = max(1, self.config.infer_batch_size // num_return_sequences)
-        outs = []
+        outs, log_probs = [], []
         for start in range(0, prompt_ids.shape[0], prompts_per_call):
             ids = prompt_ids[start : start + prompts_per_call]
             mask = prompt_mask[start : start + prompts_per_call]
             stopping = None
             if is_aborted is not None:
                 stopping = StoppingCriteriaList([_AbortedRows(is_aborted, start, num_return_sequences)])
-            seqs = self.model.generate(
-                input_ids=ids, attention_mask=mask, generation_config=gen_cfg, stopping_criteria=stopping
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=gen_cfg,
+                stopping_criteria=stopping,
+                return_dict_in_generate=True,
+                output_scores=with_log_probs,
             )
-            outs.append(seqs[:, ids.shape[1] :])
+            responses = out.sequences[:, ids.shape[1] :]
+            outs.append(responses)
+            if with_log_probs:
+                log_probs.append(sampled_log_probs(out.scores, responses))
         width = max(o.shape[1] for o in outs)
         responses = torch.cat(
             [torch.nn.functional.pad(o, (0, width - o.shape[1]), value=self.pad_id) for o in outs]
         )
         responses, response_mask, finish = truncate_at_eos(responses, self.eos_ids, self.pad_id)
-        return {"response_ids": responses, "response_mask": response_mask, "finish_reason": finish}
+        result = {"response_ids": responses, "response_mask": response_mask, "finish_reason": finish}
+        if with_log_probs:
+            padded = [torch.nn.functional.pad(lp, (0, width - lp.shape[1])) for lp in log_probs]
+            result["infer_log_probs"] = torch.cat(padded) * response_mask
+        return result
 
     def log_probs(self, batch, temperature: float) -> torch.Tensor:
         return batched_log_probs(self.model, batch, self.config.infer_batch_size, temperature)

@@ -39,7 +39,9 @@ def check_vllm_available() -> None:
         )
 
 
-def sampling_kwargs(args: GeneratingArgs, n: int, eos_ids: list[int], seed: int | None = None) -> dict[str, Any]:
+def sampling_kwargs(
+    args: GeneratingArgs, n: int, eos_ids: list[int], seed: int | None = None, with_log_probs: bool = False
+) -> dict[str, Any]:
     """Keyword arguments of vllm.SamplingParams for `args`, `n` responses per prompt.
 
     Greedy decoding is temperature 0 in vLLM; top_k 0 (off) in our config is -1 there. The end-of-sequence ids
@@ -58,6 +60,8 @@ def sampling_kwargs(args: GeneratingArgs, n: int, eos_ids: list[int], seed: int 
         kwargs |= {"temperature": 0.0, "top_p": 1.0, "top_k": -1}
     if seed is not None:
         kwargs["seed"] = seed
+    if with_log_probs:
+        kwargs["logprobs"] = 0  # the sampled token's log-prob only
     return kwargs
 
 
@@ -85,23 +89,38 @@ def vllm_weight_items(
 
 
 def outputs_to_tensors(
-    completions: Iterable[tuple[list[int], str | None]], pad_id: int
+    completions: Iterable[tuple[list[int], str | None] | tuple[list[int], str | None, list[float]]], pad_id: int
 ) -> dict[str, Any]:
-    """vLLM completions, as (token_ids, finish_reason) in prompt-major order, to right-padded tensors.
+    """vLLM completions, as (token_ids, finish_reason) or (token_ids, finish_reason, token_log_probs) in
+    prompt-major order, to right-padded tensors (`infer_log_probs` too when every row has its log-probs).
 
     vLLM's finish reasons: `stop` (an eos/stop id, kept in token_ids), `length` (max_tokens), `abort`; aborted
     rows are reported as `length` (unfinished), the pipeline never trains on them."""
-    rows = [(list(ids), reason) for ids, reason in completions]
-    width = max((len(ids) for ids, _ in rows), default=0) or 1
+    rows = [(list(c[0]), c[1], list(c[2]) if len(c) > 2 and c[2] is not None else None) for c in completions]
+    width = max((len(ids) for ids, _, _ in rows), default=0) or 1
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.float32)
+    with_log_probs = bool(rows) and all(lp is not None for _, _, lp in rows)
+    log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
     finish = []
-    for i, (tokens, reason) in enumerate(rows):
+    for i, (tokens, reason, lps) in enumerate(rows):
         if tokens:
             ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             mask[i, : len(tokens)] = 1.0
+            if with_log_probs:
+                log_probs[i, : len(tokens)] = torch.tensor(lps, dtype=torch.float32)
         finish.append("stop" if reason == "stop" else "length")
-    return {"response_ids": ids, "response_mask": mask, "finish_reason": finish}
+    out = {"response_ids": ids, "response_mask": mask, "finish_reason": finish}
+    if with_log_probs:
+        out["infer_log_probs"] = log_probs
+    return out
+
+
+def sampled_token_log_probs(token_ids: list[int], logprobs: list[Mapping[int, Any]] | None) -> list[float] | None:
+    """The log-prob of each generated token from vLLM's per-position {token_id: Logprob} maps (None if absent)."""
+    if logprobs is None:
+        return None
+    return [float(step[token].logprob) for token, step in zip(token_ids, logprobs, strict=True)]
 
 
 class VLLMInferStrategy:
@@ -124,6 +143,9 @@ class VLLMInferStrategy:
             tensor_parallel_size=int(options.pop("tensor_parallel_size", 1)),
             gpu_memory_utilization=float(options.pop("gpu_memory_utilization", 0.6)),
             enable_sleep_mode=self.sleep_mode,
+            # Log-probs of the distribution tokens are drawn from (temperature, top-p applied), for the
+            # importance-sampling correction between this engine and actor_train.
+            logprobs_mode=options.pop("logprobs_mode", "processed_logprobs"),
             **options,
         )
         from types import SimpleNamespace
@@ -146,9 +168,12 @@ class VLLMInferStrategy:
         args: GeneratingArgs,
         num_return_sequences: int,
         is_aborted: Callable[[int], bool] | None = None,
+        seed: int | None = None,
+        with_log_probs: bool = False,
     ) -> dict[str, Any]:
         """Same contract as HFInferStrategy.generate: rows grouped by prompt (i * n + j). vLLM schedules the whole
-        call with continuous batching; an abort takes effect between calls (the batcher drops aborted requests)."""
+        call with continuous batching; an abort takes effect between calls (the batcher drops aborted requests).
+        `seed` seeds the request's sampling (vLLM keeps a generator per request)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -156,9 +181,13 @@ class VLLMInferStrategy:
         prompts = [
             TokensPrompt(prompt_token_ids=row[m > 0].tolist()) for row, m in zip(prompt_ids, prompt_mask, strict=True)
         ]
-        params = SamplingParams(**sampling_kwargs(args, num_return_sequences, self.eos_ids))
+        params = SamplingParams(**sampling_kwargs(args, num_return_sequences, self.eos_ids, seed, with_log_probs))
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        completions = [(list(c.token_ids), c.finish_reason) for out in outputs for c in out.outputs]
+        completions = [
+            (list(c.token_ids), c.finish_reason, sampled_token_log_probs(list(c.token_ids), c.logprobs))
+            for out in outputs
+            for c in out.outputs
+        ]
         return outputs_to_tensors(completions, self.pad_id)
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:

@@ -1,0 +1,168 @@
+"""Exact resume: a run killed with SIGKILL after a checkpoint and resumed with `roll run --resume` logs the same
+metrics, bitwise, as the run that was never interrupted, into the same MLflow run, each step exactly once."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from roll_pipeline.checkpoint import STATE_FILE, checkpoint_root, latest_checkpoint
+from roll_pipeline.config import TrackingConfig
+from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
+from tests.conftest import EXAMPLES, ROOT
+from tests.test_tracking import read_table
+
+STEPS = 6
+SAVE_STEPS = 2
+# Metrics that measure time or memory: they differ between any two runs.
+TIMING = ("time/", "system/", "memory/")
+TIMING_SUFFIXES = ("_s", "_per_s", "_rss_mb", "_mb")
+
+
+def config(tmp_path: Path, tiny_model: Path) -> Path:
+    cfg = yaml.safe_load((EXAMPLES / "grpo.yaml").read_text())
+    rows = (EXAMPLES / "data" / "math_train.jsonl").read_text().splitlines()[:24]
+    data = tmp_path / "math.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    cfg |= {
+        "exp_name": "resume_test",
+        "pretrain": str(tiny_model),
+        "deterministic": True,
+        "max_steps": STEPS,
+        "eval_steps": 3,
+        "save_steps": SAVE_STEPS,
+        "rollout_batch_size": 4,
+        "num_return_sequences_in_group": 4,
+        "domain_interleave_probs": {"math": 1.0},
+        "rewards": {"math": cfg["rewards"]["math"] | {"group_filters": {"std_filter": {}}}},
+    }
+    cfg["data"] |= {"train_files": [str(data)], "val_files": [str(data)]}
+    cfg["validation"] = {**cfg.get("validation", {}), "max_prompts": 8}
+    cfg["actor_infer"]["generating_args"]["max_new_tokens"] = 16
+    cfg["actor_train"]["training_args"] |= {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}
+    path = tmp_path / "resume.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def roll_run(cfg: Path, out: Path, *extra: str, **popen) -> subprocess.Popen:
+    argv = [
+        sys.executable, "-m", "roll_pipeline.cli", "run", str(cfg),
+        f"output_dir={out}", f"tracking.tracking_uri=sqlite:///{out}.db", "tracking.experiment_name=resume", *extra,
+    ]
+    log = open(f"{out}.log", "ab")  # noqa: SIM115 (the child holds it)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # Ray's workers import this tree too
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, **popen)
+
+
+def finish(proc: subprocess.Popen, out: Path, timeout_s: float = 600) -> None:
+    assert proc.wait(timeout=timeout_s) == 0, Path(f"{out}.log").read_text()[-4000:]
+
+
+def kill_tree(proc: subprocess.Popen) -> int:
+    """SIGKILL the run and every process under it (Ray's GCS, raylet and workers included)."""
+    parent = psutil.Process(proc.pid)
+    tree = [parent, *parent.children(recursive=True)]
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    psutil.wait_procs(tree, timeout=30)
+    return len(tree)
+
+
+def histories(out: Path) -> dict[str, list[tuple[int, float]]]:
+    client = MlflowClient(tracking_uri=f"sqlite:///{out}.db")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "resume"]
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    keys = runs[0].data.metrics
+    return {
+        k: sorted((m.step, m.value) for m in client.get_metric_history(runs[0].info.run_id, k)) for k in keys
+    } | {"__status__": [(0, runs[0].info.status)]}
+
+
+def is_timing(key: str) -> bool:
+    return key.startswith(TIMING) or key.endswith(TIMING_SUFFIXES)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(tmp_path, tiny_model):
+    cfg = config(tmp_path, tiny_model)
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    finish(roll_run(cfg, straight), straight)
+
+    # The same run, killed (the whole process tree) at a random moment after its first checkpoint.
+    proc = roll_run(cfg, crashed, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while latest_checkpoint(checkpoint_root(crashed)) is None:
+        assert proc.poll() is None, Path(f"{crashed}.log").read_text()[-4000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 3.0))
+    assert proc.poll() is None, "the run finished before it could be killed"
+    killed = kill_tree(proc)
+    assert killed > 3  # the driver, Ray's own processes and its workers
+    checkpoint = latest_checkpoint(checkpoint_root(crashed))
+    resumed_at = json.loads((checkpoint / STATE_FILE).read_text())["step"]
+    assert resumed_at < STEPS
+
+    finish(roll_run(cfg, crashed, "--resume"), crashed)
+    assert f"resuming resume_test from {checkpoint}" in Path(f"{crashed}.log").read_text()
+
+    a, b = histories(straight), histories(crashed)
+    assert b["__status__"] == [(0, "FINISHED")]
+    compared = [k for k in a if k != "__status__" and not is_timing(k)]
+    assert {"val_correct/all/mean", "actor/pg_loss", "actor/entropy", "actor/lr", "reward/math/score"} <= set(compared)
+    assert any(k.startswith("scheduler/math/prompts_drawn") for k in compared)
+    for key in a:
+        if key == "__status__":
+            continue
+        steps_b = [s for s, _ in b[key]]
+        assert len(steps_b) == len(set(steps_b)), f"{key}: a step logged twice: {steps_b}"
+        assert steps_b == [s for s, _ in a[key]], key
+    # Bitwise: every step, before the crash and after the resume, has the uninterrupted run's values.
+    mismatched = {k: (a[k], b[k]) for k in compared if a[k] != b[k]}
+    assert not mismatched, mismatched
+    # Checkpoints kept: max_checkpoints_to_keep (2 by default) of the ones saved.
+    kept = sorted(p.name for p in checkpoint_root(crashed).glob("step_*"))
+    assert kept == [f"step_{STEPS - SAVE_STEPS}", f"step_{STEPS}"]
+
+
+def test_resumed_tracker_logs_each_step_once_into_the_same_run(tmp_path):
+    """The tracker side alone: steps 1-4 spooled and sent, a crash, a resume that computes 3-6 again."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = TrackingConfig(tracking_uri=uri, experiment_name="resume", retry_interval_s=0.1, flush_timeout_s=10)
+    first = MlflowTracker(cfg, tmp_path / "spool")
+    for step in range(1, 5):
+        first.log_metrics({"loss": float(step)}, step)
+    first.log_table({"a": [1, 2]}, "validation/samples_step_3.json")
+    first.sender.close(10)  # the process dies here: no terminate entry
+    run_id = first.run_id
+
+    resumed = MlflowTracker(cfg, tmp_path / "spool", resume_spool=first.spool.path)
+    assert resumed.run_id == run_id
+    for step in range(3, 7):
+        resumed.log_metrics({"loss": float(step) + 100 * (step > 4)}, step)
+    resumed.log_table({"a": [1, 2]}, "validation/samples_step_3.json")
+    resumed.finish("FINISHED")
+
+    client = MlflowClient(tracking_uri=uri)
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss"))
+    assert history == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 105.0), (6, 106.0)]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert len(client.search_runs([client.get_experiment_by_name("resume").experiment_id])) == 1
+    table = read_table(client, run_id, "validation/samples_step_3.json", tmp_path)
+    assert table == {"a": [1, 2]}  # not appended twice

@@ -1,0 +1,205 @@
+"""Worker failures mid-step, on a real pipeline: reward and actor_infer workers killed (os.kill of the process,
+ray.kill) are restarted by Ray and their in-flight calls sent again, and the step completes with every prompt's
+group exactly once; a reward worker that stays dead has its samples masked and counted; a dead actor_train
+stops the run with a message that says where to resume from."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from roll_pipeline.config import load_config
+from roll_pipeline.pipeline import RLVRPipeline, WorkerDiedError
+from tests.conftest import EXAMPLES
+from workers.rewards.math_rule import MathRuleScorer
+
+SHARE, N = 6, 4
+
+
+class SlowMathScorer(MathRuleScorer):
+    """math_rule that leaves a mark in `mark_dir` when it starts a sample and then takes `sleep_s`: the test
+    knows scoring is under way, and a kill lands while calls are in flight."""
+
+    def __init__(self, *, mark_dir: str = "", sleep_s: float = 0.0, **options):
+        super().__init__(**options)
+        self.mark_dir, self.sleep_s = mark_dir, sleep_s
+
+    def score(self, response, ground_truth, **fields):
+        if self.mark_dir:
+            Path(self.mark_dir, f"{os.getpid()}-{time.monotonic_ns()}").touch()
+        time.sleep(self.sleep_s)
+        return super().score(response, ground_truth, **fields)
+
+
+def write_config(tmp_path: Path, tiny_model: Path, marks: Path, **top) -> Path:
+    cfg = yaml.safe_load((EXAMPLES / "grpo.yaml").read_text())
+    rows = (EXAMPLES / "data" / "math_train.jsonl").read_text().splitlines()[:64]
+    data = tmp_path / "math.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    cfg |= {
+        "pretrain": str(tiny_model),
+        "max_steps": 3,
+        "eval_steps": 0,
+        "save_steps": 0,
+        "rollout_batch_size": SHARE,
+        "num_return_sequences_in_group": N,
+        "domain_interleave_probs": {"math": 1.0},
+        "use_kl_loss": False,
+        "output_dir": str(tmp_path / "run"),
+        "rewards": {
+            "math": {
+                "worker": "tests.test_worker_failures:SlowMathScorer",
+                "tag_included": ["add"],
+                "num_threads": 2,
+                "options": {"mark_dir": str(marks), "sleep_s": 0.05},
+            }
+        },
+        **top,
+    }
+    cfg["data"] |= {"train_files": [str(data)], "val_files": []}
+    cfg["validation"] = {"eval_at_start": False}
+    cfg["dynamic_sampling"] = {"max_running_requests": 4}
+    cfg["actor_infer"]["generating_args"]["max_new_tokens"] = 24
+    cfg["actor_train"]["training_args"] |= {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 3}
+    cfg["tracking"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment_name": "failures"}
+    path = tmp_path / "failures.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def pid_of(actor) -> int:
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def during_rollout(pipeline: RLVRPipeline, marks: Path, kill) -> tuple:
+    """Run a rollout; once a sample is being scored (generation of other prompts still in flight), `kill()`."""
+    for mark in marks.iterdir():
+        mark.unlink()
+    out = {}
+
+    def target():
+        try:
+            out["result"] = pipeline.rollout()
+        except BaseException as exc:  # re-raised below, in the test's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not any(marks.iterdir()):
+        assert thread.is_alive() and time.monotonic() < deadline
+        time.sleep(0.01)
+    kill()
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    if "error" in out:
+        raise out["error"]
+    return out["result"].batch, out["result"].metrics
+
+
+def assert_every_group_once(batch) -> None:
+    ids = batch.meta["id"]
+    assert len(batch) == SHARE * N
+    groups = [ids[i : i + N] for i in range(0, len(ids), N)]
+    assert all(len(set(g)) == 1 for g in groups), groups
+    assert len({g[0] for g in groups}) == SHARE, groups
+
+
+# Before the module's shared pipeline exists: this test starts (and stops) Ray with a pipeline of its own.
+@pytest.mark.slow
+def test_a_dead_actor_train_stops_the_run_and_names_the_checkpoint_to_resume_from(tmp_path, tiny_model):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cfg = load_config(write_config(tmp_path, tiny_model, marks, save_steps=1), [])
+    pipeline = RLVRPipeline(cfg)
+    try:
+        pipeline.setup()
+
+        def kill_after_first(step, metrics):
+            if step == 1:
+                ray.kill(pipeline.actor_train.workers[0])
+
+        with pytest.raises(WorkerDiedError) as info:
+            pipeline.run(on_step=kill_after_first)
+    finally:
+        pipeline.shutdown()
+    message = str(info.value)
+    assert message.startswith("actor_train[0] died at step 2")
+    assert f"{tmp_path / 'run' / 'checkpoints' / 'step_1'}" in message
+    assert "roll run CONFIG --resume" in message
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, tiny_model):
+    tmp_path = tmp_path_factory.mktemp("failures")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    pipeline = RLVRPipeline(load_config(write_config(tmp_path, tiny_model, marks), []))
+    pipeline.setup()
+    pipeline.marks = marks
+    yield pipeline
+    pipeline.shutdown()
+
+
+@pytest.mark.slow
+def test_a_reward_worker_killed_mid_step_is_restarted_and_scores_the_batch_again(pipeline):
+    worker = pipeline.rewards["math"].workers[0]
+    before = pid_of(worker)
+    batch, metrics = during_rollout(pipeline, pipeline.marks, lambda: os.kill(before, signal.SIGKILL))
+    assert_every_group_once(batch)
+    after = pid_of(worker)
+    assert after != before  # a new process: Ray restarted the worker
+    assert metrics["reward/math/masked"] == 0  # its in-flight batch was scored again, not masked
+    assert metrics["scheduler/math/reward_worker_failures"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["os.kill", "ray.kill"])
+def test_actor_infer_killed_mid_step_gets_the_current_weights_and_the_requests_again(pipeline, how):
+    pipeline.trained_version += 1  # as after an update: a newer policy than a restarted worker starts with
+    pipeline.sync_weights()
+    version = pipeline.weights_version
+    assert version > 0
+    worker = pipeline.actor_infer.workers[0]
+    before = pid_of(worker)
+
+    def kill():
+        if how == "os.kill":
+            os.kill(before, signal.SIGKILL)
+        else:
+            ray.kill(worker, no_restart=False)
+
+    batch, metrics = during_rollout(pipeline, pipeline.marks, kill)
+    assert_every_group_once(batch)
+    assert pid_of(worker) != before
+    assert metrics["scheduler/math/infer_retries"] >= 1
+    assert ray.get(worker.__ray_call__.remote(lambda self: self.weights_version)) == version
+
+    def checksum(module):
+        return float(sum(p.double().sum() for p in module.parameters()))
+
+    infer_sum = ray.get(worker.__ray_call__.remote(lambda self: checksum(self.strategy.model)))
+    train_sum = ray.get(pipeline.actor_train.workers[0].__ray_call__.remote(lambda self: checksum(self.strategy.module)))
+    assert infer_sum == train_sum
+
+
+@pytest.mark.slow
+def test_a_reward_worker_that_stays_dead_has_its_samples_masked_and_counted(pipeline):
+    worker = pipeline.rewards["math"].workers[0]
+    batch, metrics = during_rollout(pipeline, pipeline.marks, lambda: ray.kill(worker, no_restart=True))
+    assert len(batch) == SHARE * N
+    assert metrics["scheduler/math/reward_worker_failures"] >= 1
+    assert metrics["reward/math/masked_worker_lost"] >= 1
+    assert metrics["reward/math/masked_worker_lost"] == metrics["reward/math/masked"]
+    # The run goes on: the next step masks everything the dead worker would have scored, and completes.
+    rollout = pipeline.rollout()
+    batch, metrics = rollout.batch, rollout.metrics
+    assert metrics["reward/math/masked_worker_lost"] == metrics["reward/math/count"] > 0
+    assert float(batch["sample_mask"].sum()) == 0.0
