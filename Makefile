@@ -33,6 +33,16 @@ run: model
 test: model browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Every comparison of BENCHMARKS.md, measured side by side (about half an hour on 2 cores; see README). TRL
+# comes from the bench extra, installed with the torch, transformers, deepspeed, ray and datasets already in the
+# venv held fixed, so that it can neither replace the CPU torch nor move the pipeline's own pins.
+.PHONY: bench
+BENCH_ARGS ?=
+bench: model judge-model
+	$(BIN)/pip freeze | grep -i -E '^(torch|transformers|deepspeed|ray|datasets)==' > $(VENV)/bench-constraints.txt
+	$(BIN)/pip install --quiet -c $(VENV)/bench-constraints.txt -e ".[bench]"
+	$(BIN)/python -m benchmarks.run_all $(BENCH_ARGS)
+
 # A 500-step run of the example with every process's memory sampled (too long for `make test`; see README).
 soak: model
 	$(BIN)/python -m benchmarks.soak --config $(CONFIG) --steps 500

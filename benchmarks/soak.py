@@ -59,9 +59,10 @@ def sample_tree(root: psutil.Process, series: dict[int, Series], now: float) -> 
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         total += rss
-        if proc.pid not in series:
-            series[proc.pid] = Series(f"{label(proc)} (pid {proc.pid})")
-        series[proc.pid].samples.append((now, rss))
+        # Named at every sample: a Ray worker is `ray::IDLE` until its actor class takes the process.
+        entry = series.setdefault(proc.pid, Series(""))
+        entry.name = f"{label(proc)} (pid {proc.pid})"
+        entry.samples.append((now, rss))
     return total
 
 
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"soak: step {args.warmup_steps} not found in the run's metrics")
         return 1
     span = max(args.interval_s * 6, 60.0)  # compare medians over about a minute
+    # Between the warm-up and the end, three more points show whether a growth levels off or keeps on.
+    marks = [warm + (end - span - warm) * i / 4 for i in (1, 2, 3)]
     rows = []
     for s in series.values():
         first, last = s.samples[0][0], s.samples[-1][0]
@@ -134,16 +137,23 @@ def main(argv: list[str] | None = None) -> int:
             continue  # not alive through the whole comparison
         at_warm, at_end = window(s.samples, warm, warm + span), window(s.samples, end - span, end)
         if at_warm and at_end:
-            rows.append((s.name, at_warm, at_end, at_end / at_warm - 1))
+            between = [window(s.samples, m, m + span) or float("nan") for m in marks]
+            rows.append((s.name, at_warm, between, at_end, at_end / at_warm - 1))
     total_warm, total_end = window(totals, warm, warm + span), window(totals, end - span, end)
+    total_between = [window(totals, m, m + span) or float("nan") for m in marks]
     rows.sort(key=lambda r: -r[1])
-    print(f"\nRSS (MB, median over {span:.0f} s) after step {args.warmup_steps} and at step {max(times)}:")
-    print(f"{'process':<58}{'warm':>9}{'end':>9}{'growth':>9}")
-    for name, a, b, g in rows:
-        print(f"{name:<58}{a:>9.0f}{b:>9.0f}{g:>+9.1%}")
-    print(f"{'whole tree':<58}{total_warm:>9.0f}{total_end:>9.0f}{total_end / total_warm - 1:>+9.1%}")
+    print(
+        f"\nRSS (MB, median over {span:.0f} s) after step {args.warmup_steps}, at a quarter, a half and three "
+        f"quarters of the rest, and at step {max(times)}:"
+    )
+    print(f"{'process':<50}{'warm':>7}{'1/4':>7}{'1/2':>7}{'3/4':>7}{'end':>7}{'growth':>9}")
+    for name, a, mid, b, g in [
+        *rows,
+        ("whole tree", total_warm, total_between, total_end, total_end / total_warm - 1),
+    ]:
+        print(f"{name[:50]:<50}{a:>7.0f}" + "".join(f"{m:>7.0f}" for m in mid) + f"{b:>7.0f}{g:>+9.1%}")
     print(f"run: {max(times)} steps in {end - start:.0f} s; outputs in {out}")
-    grown = [r for r in rows if r[3] > args.max_growth]
+    grown = [r for r in rows if r[4] > args.max_growth]
     if grown:
         print(f"soak: {len(grown)} process(es) grew by more than {args.max_growth:.0%} after the warm-up")
         return 1

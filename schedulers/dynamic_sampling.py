@@ -334,7 +334,6 @@ class DynamicSamplingScheduler:
                     )
                 resync = True
                 await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-        raise AssertionError("unreachable")
 
     async def _score_unique(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Score on the next reward worker. Ray restarts a dead one and sends the batch again; when the workers

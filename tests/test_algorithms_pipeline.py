@@ -221,3 +221,23 @@ def test_actor_objective_gives_the_same_gradient_in_micro_batches(mode, loss):
     assert whole.abs().sum() > 0
     assert torch.allclose(whole, gradient([slice(0, 3), slice(3, 6), slice(6, 8)]), atol=1e-6)
     assert torch.allclose(whole, gradient([slice(i, i + 1) for i in range(8)]), atol=1e-6)
+
+
+def test_entropy_outside_the_graph_when_only_logged():
+    """With entropy_loss_coef 0 actor_train computes the entropy outside autograd: same values, same gradient,
+    and no (B, R, vocabulary) product kept for the backward pass."""
+    cfg = config("entropy_loss_coef=0.0").config
+    logits, tokens, batch = objective_inputs(0)
+    norm = batch_normalizer(loss_mask(batch), cfg.loss_agg_mode)
+    results = {}
+    for entropy_grad in (True, False):
+        logits.grad = None
+        log_probs, entropy = log_probs_from_logits(logits, tokens, with_entropy=True, entropy_grad=entropy_grad)
+        assert (entropy.grad_fn is not None) == entropy_grad
+        objective, parts = policy_objective(log_probs, entropy, batch, cfg, norm)
+        objective.backward()
+        results[entropy_grad] = (entropy.detach(), parts["entropy"], logits.grad.clone())
+    assert torch.equal(results[True][0], results[False][0])
+    assert float(results[True][1]) == float(results[False][1])
+    assert results[True][2].abs().sum() > 0
+    assert torch.equal(results[True][2], results[False][2])

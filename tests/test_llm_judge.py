@@ -480,7 +480,11 @@ def test_concurrency_and_rate_limits_hold_across_scoring_processes():
             worker.score_batch(_samples(7))
     gaps = [b - a for a, b in zip(stub.times, stub.times[1:], strict=False)]
     assert stub.requests == 7
-    assert min(gaps) >= 0.09, gaps
+    # The limiter spaces the sends 0.1 s apart. The stub sees arrivals, which carry scheduling jitter on a loaded
+    # machine (0.089 s was seen), so each gap is held to half the interval (without the limit, three threads send
+    # within milliseconds of each other) and the six gaps together to the 0.6 s they must span, less that jitter.
+    assert min(gaps) >= 0.05, gaps
+    assert stub.times[-1] - stub.times[0] >= 0.55, gaps
 
 
 # --- against the tiny judge served by `roll serve` ----------------------------------------------------------

@@ -45,8 +45,9 @@ class MlflowServer:
     """`mlflow server` in its own process group, on a fixed port and store, so it can be stopped and started
     again as the same server."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, mlflow_db) -> None:
         self.root = root
+        mlflow_db(root / "mlflow.db")  # its store, new and empty
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -97,10 +98,10 @@ class MlflowServer:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_model):
+def trained(tmp_path_factory, tiny_model, mlflow_db):
     """A server and a 2-step run that validates at steps 0, 1 and 2 with k=2 sampled responses per prompt."""
     root = tmp_path_factory.mktemp("mlflow_server")
-    server = MlflowServer(root)
+    server = MlflowServer(root, mlflow_db)
     server.start()
     try:
         output_dir = root / "run"
@@ -191,12 +192,12 @@ def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, caps
 
 
 @pytest.mark.slow
-def test_server_outage_mid_run_loses_and_repeats_nothing(tmp_path, tiny_model, monkeypatch):
+def test_server_outage_mid_run_loses_and_repeats_nothing(tmp_path, tiny_model, monkeypatch, mlflow_db):
     """The server stops after step 1 and comes back after step 3 (same port, same store). Training goes on in
     between, and in the end every metric of every step is stored exactly once."""
     # MLflow's client retries a refused request for ~4 minutes by default; the spool makes that unnecessary.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    server = MlflowServer(tmp_path)
+    server = MlflowServer(tmp_path, mlflow_db)
     server.start()
     overrides = [
         *SMALL,

@@ -25,7 +25,7 @@ def two_nodes():
 
 
 @pytest.mark.slow
-def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_model, two_nodes):
+def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_model, two_nodes, mlflow_db):
     overrides = [
         *SMALL,
         "max_steps=2",
@@ -39,7 +39,7 @@ def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_mode
         "actor_train.torch_threads=1",
         "actor_train.training_args.per_device_train_batch_size=4",
         f"output_dir={tmp_path / 'run'}",
-        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ]
     pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
     try:
@@ -64,7 +64,7 @@ def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_mode
 def test_an_impossible_placement_fails_with_a_clear_error():
     from roll_pipeline.distributed.cluster import reserve_bundles
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         with pytest.raises(
             RuntimeError,

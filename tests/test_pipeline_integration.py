@@ -28,18 +28,18 @@ SMALL = [
 
 @pytest.fixture
 def local_ray():
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
 
 @pytest.mark.slow
-def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ray):
+def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ray, mlflow_db):
     overrides = [
         *SMALL,
         "max_steps=1",
         f"output_dir={tmp_path / 'run'}",
-        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
         "use_kl_loss=true",
         "kl_loss_coef=0.01",
         "adv_estimator=gae",
@@ -90,7 +90,7 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
 
 
 @pytest.mark.slow
-def test_short_run_end_to_end_logs_to_mlflow_and_changes_the_policy(tmp_path, tiny_model, capsys):
+def test_short_run_end_to_end_logs_to_mlflow_and_changes_the_policy(tmp_path, tiny_model, capsys, mlflow_db):
     db = tmp_path / "mlflow.db"
     code = main(
         [
@@ -101,7 +101,7 @@ def test_short_run_end_to_end_logs_to_mlflow_and_changes_the_policy(tmp_path, ti
             "eval_steps=0",
             "save_steps=3",
             f"output_dir={tmp_path / 'run'}",
-            f"tracking.tracking_uri=sqlite:///{db}",
+            f"tracking.tracking_uri={mlflow_db(db)}",
             "tracking.experiment_name=e2e",
         ]
     )

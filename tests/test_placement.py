@@ -314,7 +314,7 @@ def _start(pool: DevicePool, name: str):
 @pytest.fixture
 def eight_declared_gpus():
     # Ray accepts GPUs that do not exist as long as nothing touches CUDA.
-    ray.init(num_cpus=4, num_gpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, num_gpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -389,7 +389,7 @@ def test_two_nodes_hold_one_placement_group_each():
 
 
 @pytest.mark.slow
-def test_a_run_with_colocated_device_mapped_clusters_completes(tmp_path, tiny_model):
+def test_a_run_with_colocated_device_mapped_clusters_completes(tmp_path, tiny_model, mlflow_db):
     from roll_pipeline.pipeline import RLVRPipeline
     from tests.test_pipeline_integration import SMALL
 
@@ -405,10 +405,10 @@ def test_a_run_with_colocated_device_mapped_clusters_completes(tmp_path, tiny_mo
             for k in ("device_mapping=[0]", "num_gpus_per_worker=1")
         ),
         f"output_dir={tmp_path / 'run'}",
-        f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ]
     pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
     try:
         pipeline.setup()
         (group,) = pipeline.device_pool.groups

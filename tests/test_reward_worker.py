@@ -445,7 +445,7 @@ def test_worker_as_a_ray_actor():
     """In a Ray actor (threads, and a __main__ that is Ray's worker script) the pool starts, scores, and cuts
     a hung verification at the timeout."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         actor = ray.remote(RewardWorker).remote("math", "math_rule", {}, 2.0, 2)
         results = ray.get(

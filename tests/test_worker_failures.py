@@ -38,7 +38,7 @@ class SlowMathScorer(MathRuleScorer):
         return super().score(response, ground_truth, **fields)
 
 
-def write_config(tmp_path: Path, tiny_model: Path, marks: Path, **top) -> Path:
+def write_config(tmp_path: Path, tiny_model: Path, marks: Path, tracking_uri: str, **top) -> Path:
     cfg = yaml.safe_load((EXAMPLES / "grpo.yaml").read_text())
     rows = (EXAMPLES / "data" / "math_train.jsonl").read_text().splitlines()[:64]
     data = tmp_path / "math.jsonl"
@@ -68,7 +68,7 @@ def write_config(tmp_path: Path, tiny_model: Path, marks: Path, **top) -> Path:
     cfg["dynamic_sampling"] = {"max_running_requests": 4}
     cfg["actor_infer"]["generating_args"]["max_new_tokens"] = 24
     cfg["actor_train"]["training_args"] |= {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 3}
-    cfg["tracking"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment_name": "failures"}
+    cfg["tracking"] = {"tracking_uri": tracking_uri, "experiment_name": "failures"}
     path = tmp_path / "failures.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -114,10 +114,10 @@ def assert_every_group_once(batch) -> None:
 
 # Before the module's shared pipeline exists: this test starts (and stops) Ray with a pipeline of its own.
 @pytest.mark.slow
-def test_a_dead_actor_train_stops_the_run_and_names_the_checkpoint_to_resume_from(tmp_path, tiny_model):
+def test_a_dead_actor_train_stops_the_run_and_names_the_checkpoint_to_resume_from(tmp_path, tiny_model, mlflow_db):
     marks = tmp_path / "marks"
     marks.mkdir()
-    cfg = load_config(write_config(tmp_path, tiny_model, marks, save_steps=1), [])
+    cfg = load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db"), save_steps=1), [])
     pipeline = RLVRPipeline(cfg)
     try:
         pipeline.setup()
@@ -137,11 +137,11 @@ def test_a_dead_actor_train_stops_the_run_and_names_the_checkpoint_to_resume_fro
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, tiny_model):
+def pipeline(tmp_path_factory, tiny_model, mlflow_db):
     tmp_path = tmp_path_factory.mktemp("failures")
     marks = tmp_path / "marks"
     marks.mkdir()
-    pipeline = RLVRPipeline(load_config(write_config(tmp_path, tiny_model, marks), []))
+    pipeline = RLVRPipeline(load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db")), []))
     pipeline.setup()
     pipeline.marks = marks
     yield pipeline

@@ -104,6 +104,7 @@ class ActorTrainWorker(Worker):
         ta = self.section.training_args
         module, temperature = self.strategy.module, self.cfg.actor_infer.generating_args.temperature
         module.train()
+        entropy_grad = self.cfg.entropy_loss_coef != 0  # otherwise the entropy is only logged
         sums: dict[str, float] = defaultdict(float)
         n_minibatches = 0
         for _ in range(self.cfg.ppo_epochs):
@@ -112,7 +113,7 @@ class ActorTrainWorker(Worker):
                 for micro in minibatch.split(ta.per_device_train_batch_size):
                     logits = response_logits(self.strategy.engine, micro)
                     log_probs, entropy = log_probs_from_logits(
-                        logits, micro["response_ids"], temperature, with_entropy=True
+                        logits, micro["response_ids"], temperature, with_entropy=True, entropy_grad=entropy_grad
                     )
                     loss, parts = policy_objective(log_probs, entropy, micro, self.cfg, norm)
                     self.strategy.backward(loss)

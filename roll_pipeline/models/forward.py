@@ -28,17 +28,24 @@ def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def log_probs_from_logits(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (B, R) of `tokens` under softmax(logits / temperature), and optionally the entropies (B, R).
 
-    The temperature is the sampling temperature, so the log-probs are those of the policy that sampled.
+    The temperature is the sampling temperature, so the log-probs are those of the policy that sampled. With
+    `entropy_grad=False` the entropies are computed outside the autograd graph (for logging only): the graph then
+    keeps no (B, R, vocabulary) product for the backward pass.
     """
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     log_probs = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
     return log_probs, entropy
 
 

@@ -281,7 +281,8 @@ class MlflowTracker:
         self.resumed_steps: set[int] = set()
         """Steps (and tables) the spool of a resumed run held already: not logged again."""
         self.resumed_tables: set[str] = set()
-        if resume_spool is not None and (Path(resume_spool) / "meta.json").is_file():
+        reopened = resume_spool is not None and (Path(resume_spool) / "meta.json").is_file()
+        if reopened:
             self.spool = Spool(Path(resume_spool))
             self.uri = self.spool.meta["tracking_uri"]
             for entry in self.spool.entries():
@@ -303,9 +304,9 @@ class MlflowTracker:
                     "tags": {SPOOL_TAG: self.spool.meta["spool_id"]},
                 },
             )
-        # After a crash the last entry sent may have been stored without an acknowledgement.
-        uncertain = resume_spool is not None
-        self.sender = Sender(self.spool, self.uri, cfg.retry_interval_s, client, uncertain=uncertain)
+        # After a crash the last entry sent may have been stored without an acknowledgement: a reopened spool's
+        # first send asks the store what it has.
+        self.sender = Sender(self.spool, self.uri, cfg.retry_interval_s, client, uncertain=reopened)
         self.sender.down = not server_reachable(self.uri)
         self.sender.drain()  # in the foreground, so the run id is known at once when the store is up
         if self.run_id is None:

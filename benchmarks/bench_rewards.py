@@ -1,0 +1,133 @@
+"""Item 4 of `make bench`: reward throughput, with benchmarks/bench_math_rule.py's and bench_code_sandbox.py's own
+functions, repeated and paired.
+
+    python -m benchmarks.bench_rewards [--repeats 3] [--quick]
+
+math_rule: verifications per second of the reward worker's process pool (`run_pool`, start-up not counted)
+against one process scoring one by one (`run_single`), on bench_math_rule's generated cases.
+code_sandbox: samples scored per second by the sandboxed scorer (pre-started sandboxes, as configured) against
+the same programs run as bare `python -I -S` subprocesses without isolation, harness or judging
+(`scorer_runner` / `bare_runner` / `rate`), for each of bench_code_sandbox's workloads at concurrency 1, 2 and 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from benchmarks.summary import Comparison, Section, in_turn, render_table, summary_rows
+
+
+def measure_math(repeats: int, cases: int, processes: int, log=print) -> tuple[Comparison, str]:
+    from benchmarks.bench_math_rule import make_cases, run_pool, run_single
+
+    data = make_cases(cases)
+    expected = [case[3] for case in data]
+    pool_rates, single_rates, wrong = [], [], 0
+    for r in range(repeats):
+        (_, pool_s, pooled), (single_s, single) = in_turn(
+            r, lambda: run_pool(data, processes), lambda: run_single(data)
+        )
+        pool_rates.append(len(data) / pool_s)
+        single_rates.append(len(data) / single_s)
+        wrong += sum(a != e for a, e in zip(single, expected, strict=True))
+        wrong += sum(a != e for a, e in zip(pooled, expected, strict=True))
+        log(
+            f"  [rewards] repetition {r + 1}: math_rule pool {pool_rates[-1]:.0f}/s, one process {single_rates[-1]:.0f}/s"
+        )
+    comparison = Comparison(
+        f"math_rule, {processes}-process pool vs one process",
+        "verifications/s",
+        f"RewardWorker pool ({processes} processes)",
+        tuple(pool_rates),
+        "one process, one by one",
+        tuple(single_rates),
+        higher_is_better=True,
+    )
+    note = (
+        f"math_rule: {len(data)} generated cases of bench_math_rule (14 answer forms, {sum(expected)} right); "
+        f"verdicts that differed from the expected one over all runs: {wrong}."
+    )
+    return comparison, note
+
+
+def measure_code(
+    repeats: int, seconds: float, concurrency: list[int], workloads: list[str], log=print
+) -> list[Comparison]:
+    from benchmarks.bench_code_sandbox import bare_runner, rate, scorer_runner
+    from workers.rewards.code_sandbox import CodeSandboxScorer
+
+    out = []
+    for conc in concurrency:
+        scorer = CodeSandboxScorer(concurrency=conc)
+        try:
+            figures: dict[str, tuple[list[float], list[float]]] = {w: ([], []) for w in workloads}
+            for r in range(repeats):
+                for name in workloads:
+                    pooled, bare = in_turn(
+                        r,
+                        lambda name=name, s=scorer, c=conc: rate(scorer_runner(s, name), c, seconds),
+                        lambda name=name, s=scorer, c=conc: rate(
+                            bare_runner(s.spec.python, name), c, seconds
+                        ),
+                    )
+                    figures[name][0].append(pooled)
+                    figures[name][1].append(bare)
+                    log(
+                        f"  [rewards] repetition {r + 1}: code {name} at concurrency {conc}: sandbox {pooled:.1f}/s, bare {bare:.1f}/s"
+                    )
+        finally:
+            scorer.close()
+        out += [
+            Comparison(
+                f"code_sandbox {name}, concurrency {conc}",
+                "samples/s",
+                "sandboxed scorer",
+                tuple(p),
+                "bare subprocess",
+                tuple(b),
+                higher_is_better=True,
+            )
+            for name, (p, b) in figures.items()
+        ]
+    return out
+
+
+def measure(repeats: int = 3, quick: bool = False, log=print) -> Section:
+    from benchmarks.bench_code_sandbox import WORKLOADS
+
+    start_wall = time.perf_counter()
+    processes = min(4, os.cpu_count() or 1)
+    cases = 200 if quick else 1000
+    seconds = 0.5 if quick else 3.0
+    workloads = ["trivial"] if quick else list(WORKLOADS)
+    concurrency = [1, 2, 4]
+    math_comparison, math_note = measure_math(repeats, cases, processes, log)
+    code = measure_code(repeats, seconds, concurrency, workloads, log)
+    section = Section(
+        title="4. Rewards",
+        setup=(
+            f"{math_note} code_sandbox: bench_code_sandbox's workloads ({', '.join(workloads)}: one program run, "
+            "one run with 5 calls, 5 stdin/stdout runs; a sample is one program against all its tests), each "
+            f"measured for {seconds:g} s from as many client threads as the concurrency, the scorer's "
+            "`concurrency` set to the same, its sandboxes started ahead; the bare side runs the same programs as "
+            "plain `python -I -S` subprocesses. See benchmarks/bench_rewards.py."
+        ),
+        comparisons=[math_comparison, *code],
+    )
+    section.wall_s = time.perf_counter() - start_wall
+    return section
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer cases, shorter windows, for a smoke run")
+    args = parser.parse_args(argv)
+    print(render_table(summary_rows([measure(args.repeats, args.quick)])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
