@@ -33,7 +33,7 @@ run: model
 test: model browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Every comparison of BENCHMARKS.md, measured side by side (about half an hour on 2 cores; see README). TRL
+# Every comparison of BENCHMARKS.md, measured side by side (see README for its run time). TRL
 # comes from the bench extra, installed with the torch, transformers, deepspeed, ray and datasets already in the
 # venv held fixed, so that it can neither replace the CPU torch nor move the pipeline's own pins.
 .PHONY: bench
