@@ -439,7 +439,7 @@ class RLVRPipeline:
         stage = self.cfg.actor_train.strategy_args.strategy_config.get("zero_optimization", {}).get("stage", 0)
         # The reference to rank 0's result goes on as it is: the weights pass from actor_train's object store to
         # the workers without a copy into this process and another back out (a 7B model's 15 GB, every step).
-        if stage == 3:  # sharded parameters: every rank takes part in gathering them
+        if stage == 3:  # sharded parameters: every rank takes part in gathering them; the others return {}
             refs = self.actor_train.call_async("get_weights")
             ray.get(refs[1:])
             weights = refs[0]

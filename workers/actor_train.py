@@ -126,7 +126,10 @@ class ActorTrainWorker(Worker):
         return {f"actor/{k}": v / n_minibatches for k, v in sums.items()}
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        return self.strategy.state_dict_for_inference()
+        """The full weights from rank 0. Under ZeRO-3 every rank must take part in gathering them, and the
+        other ranks return nothing, so that waiting on them moves no copy of the weights."""
+        weights = self.strategy.state_dict_for_inference()
+        return weights if self.rank == 0 else {}
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:
         """DeepSpeed's checkpoint and RNG states (every rank), and the weights as a Hugging Face folder (rank 0; a
