@@ -94,6 +94,32 @@ def measure_code(
     return out
 
 
+def launch_costs(runs: int) -> dict[str, float]:
+    """Median milliseconds to start and finish a program that does nothing, one at a time: as a bare interpreter,
+    and inside the sandbox's bubblewrap command line (namespaces, mounts, the uid the sandbox runs as)."""
+    import statistics
+    import subprocess
+
+    from workers.rewards.code_sandbox import CodeSandboxScorer
+
+    scorer = CodeSandboxScorer(concurrency=1)
+    spec = scorer.spec
+    scorer.close()
+    ids = {"user": spec.uid, "group": spec.gid, "extra_groups": []} if spec.uid is not None else {}
+    ways = {"bare": ([spec.python, "-I", "-S", "-c", "pass"], {})}
+    if spec.bwrap is not None:
+        ways["bubblewrap"] = (spec.argv("pass", 0, None), ids)  # the harness's arguments, unused by "pass"
+    costs = {}
+    for name, (argv, kwargs) in ways.items():
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            subprocess.run(argv, env={}, check=True, capture_output=True, **kwargs)
+            times.append((time.perf_counter() - start) * 1000)
+        costs[name] = statistics.median(times)
+    return costs
+
+
 def measure(repeats: int = 3, quick: bool = False, log=print) -> Section:
     from benchmarks.bench_code_sandbox import WORKLOADS
 
@@ -116,6 +142,22 @@ def measure(repeats: int = 3, quick: bool = False, log=print) -> Section:
         ),
         comparisons=[math_comparison, *code],
     )
+    costs = launch_costs(10 if quick else 40)
+    log(f"  [rewards] launch costs (ms): {costs}")
+    trivial = next(c for c in code if c.name == "code_sandbox trivial, concurrency 1")
+    per_sample = 1000 / sorted(trivial.ours)[len(trivial.ours) // 2]
+    if "bubblewrap" in costs:
+        section.details.append(
+            "Where a sandboxed sample's time goes (sequential, medians): starting and ending an interpreter that "
+            f"does nothing takes {costs['bare']:.1f} ms bare and {costs['bubblewrap']:.1f} ms inside the "
+            "sandbox's bubblewrap command line (user, PID, network, IPC and UTS namespaces, the read-only mounts, "
+            f"the sandbox's uid), so isolation itself costs {costs['bubblewrap'] - costs['bare']:.1f} ms a run. "
+            f"A trivial sample at concurrency 1 takes {per_sample:.1f} ms through the scorer; the rest is the "
+            "harness (the job over stdin, rlimits, the result over its channel), reading the output, killing and "
+            "reaping the sandbox's tree, and judging. The bare side pays for neither the isolation nor the harness."
+        )
+    else:
+        section.details.append("bubblewrap is not installed here: the sandboxed side ran without it.")
     section.wall_s = time.perf_counter() - start_wall
     return section
 

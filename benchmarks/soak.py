@@ -6,6 +6,12 @@ own processes, every worker, and the processes under them (reward scoring proces
 it compares each long-lived process (alive from the end of the warm-up to the end) between the warm-up and the
 end of the run, and the tree's total, and exits 1 if any grew by more than `--max-growth` (10%).
 
+What is compared is each point's floor: the lowest sample in about a minute. A worker's RSS goes up while it
+works on a step (activations, a checkpoint being written) and back down after it (workers.base's
+release_free_memory), so a minute's median depends on how many samples fell inside a step; a leak, or memory
+the allocator keeps, raises the floor. The medians are printed beside the floors, and every sample is written to
+`rss_samples.csv` in the output folder.
+
 The warm-up ends at `--warmup-steps`; the step each sample belongs to comes from the run's tracking spool, which
 holds every step's metrics with their timestamps.
 """
@@ -13,6 +19,7 @@ holds every step's metrics with their timestamps.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import statistics
 import subprocess
@@ -77,9 +84,19 @@ def step_times(output_dir: Path) -> dict[int, float]:
     return times
 
 
-def window(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
+def window(samples: list[tuple[float, float]], start: float, end: float, stat=statistics.median) -> float | None:
     values = [rss for t, rss in samples if start <= t <= end]
-    return statistics.median(values) if values else None
+    return stat(values) if values else None
+
+
+def write_samples(path: Path, series: dict[int, Series], totals: list[tuple[float, float]], start: float) -> None:
+    """Every sample, for a closer look: time since the start, pid (0: the whole tree), name, RSS in MB."""
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["time_s", "pid", "name", "rss_mb"])
+        out.writerows((f"{t - start:.1f}", 0, "whole tree", f"{rss:.1f}") for t, rss in totals)
+        for pid, s in series.items():
+            out.writerows((f"{t - start:.1f}", pid, s.name, f"{rss:.1f}") for t, rss in s.samples)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,39 +144,45 @@ def main(argv: list[str] | None = None) -> int:
     if warm is None:
         print(f"soak: step {args.warmup_steps} not found in the run's metrics")
         return 1
-    span = max(args.interval_s * 6, 60.0)  # compare medians over about a minute
+    write_samples(out / "rss_samples.csv", series, totals, start)
+
+    def growth(before: float, after: float) -> float:
+        return after / before - 1 if before > 0 else 0.0
+
+    span = max(args.interval_s * 6, 60.0)  # about a minute of samples per point
     # Between the warm-up and the end, three more points show whether a growth levels off or keeps on.
-    marks = [warm + (end - span - warm) * i / 4 for i in (1, 2, 3)]
+    marks = [warm, *(warm + (end - span - warm) * i / 4 for i in (1, 2, 3)), end - span]
     rows = []
     for s in series.values():
         first, last = s.samples[0][0], s.samples[-1][0]
         if first > warm or last < end - span:
             continue  # not alive through the whole comparison
-        at_warm, at_end = window(s.samples, warm, warm + span), window(s.samples, end - span, end)
-        if at_warm and at_end:
-            between = [window(s.samples, m, m + span) or float("nan") for m in marks]
-            rows.append((s.name, at_warm, between, at_end, at_end / at_warm - 1))
-    total_warm, total_end = window(totals, warm, warm + span), window(totals, end - span, end)
-    total_between = [window(totals, m, m + span) or float("nan") for m in marks]
-    rows.sort(key=lambda r: -r[1])
+        floors = [window(s.samples, m, min(m + span, end), min) for m in marks]
+        medians = [window(s.samples, m, min(m + span, end)) for m in (marks[0], marks[-1])]
+        if None not in floors and None not in medians:
+            rows.append((s.name, floors, medians))
+    totals_floor = [window(totals, m, min(m + span, end), min) for m in marks]
+    totals_median = [window(totals, m, min(m + span, end)) for m in (marks[0], marks[-1])]
+    rows.sort(key=lambda r: -r[1][0])
+    rows.append(("whole tree", totals_floor, totals_median))
     print(
-        f"\nRSS (MB, median over {span:.0f} s) after step {args.warmup_steps}, at a quarter, a half and three "
-        f"quarters of the rest, and at step {max(times)}:"
+        f"\nRSS (MB) after step {args.warmup_steps}, at a quarter, a half and three quarters of the rest, and at step "
+        f"{max(times)}: the floor (lowest sample) of {span:.0f} s at each point, which the check uses, and the "
+        f"median of the first and last {span:.0f} s"
     )
-    print(f"{'process':<50}{'warm':>7}{'1/4':>7}{'1/2':>7}{'3/4':>7}{'end':>7}{'growth':>9}")
-    for name, a, mid, b, g in [
-        *rows,
-        ("whole tree", total_warm, total_between, total_end, total_end / total_warm - 1),
-    ]:
-        print(f"{name[:50]:<50}{a:>7.0f}" + "".join(f"{m:>7.0f}" for m in mid) + f"{b:>7.0f}{g:>+9.1%}")
-    print(f"run: {max(times)} steps in {end - start:.0f} s; outputs in {out}")
-    grown = [r for r in rows if r[4] > args.max_growth]
+    print(f"{'process':<50}{'warm':>7}{'1/4':>7}{'1/2':>7}{'3/4':>7}{'end':>7}{'growth':>9}  | median{'warm':>7}{'end':>7}{'growth':>9}")
+    for name, floors, (med_warm, med_end) in rows:
+        print(
+            f"{name[:50]:<50}" + "".join(f"{v:>7.0f}" for v in floors) + f"{growth(floors[0], floors[-1]):>+9.1%}"
+            f"  |       {med_warm:>7.0f}{med_end:>7.0f}{growth(med_warm, med_end):>+9.1%}"
+        )
+    print(f"run: {max(times)} steps in {end - start:.0f} s; outputs in {out} (every sample: rss_samples.csv)")
+    grown = [r for r in rows[:-1] if growth(r[1][0], r[1][-1]) > args.max_growth]
     if grown:
         print(f"soak: {len(grown)} process(es) grew by more than {args.max_growth:.0%} after the warm-up")
         return 1
     print(f"soak: no process grew by more than {args.max_growth:.0%} after the warm-up")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

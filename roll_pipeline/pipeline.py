@@ -67,7 +67,10 @@ LOCAL_RAY_SYSTEM_CONFIG = {"task_events_max_num_task_in_gcs": 2000}
 
 
 def worker_env(torch_threads: int) -> dict[str, str]:
-    return {"OMP_NUM_THREADS": str(torch_threads), "TOKENIZERS_PARALLELISM": "false"}
+    # MALLOC_ARENA_MAX: glibc gives each thread that allocates an arena of its own, up to 8 per core, and each
+    # arena keeps its freed pages; Ray's and the batcher's threads made a worker's memory creep up (see
+    # workers.base.release_free_memory). Two arenas are enough for one torch thread and the rest.
+    return {"OMP_NUM_THREADS": str(torch_threads), "TOKENIZERS_PARALLELISM": "false", "MALLOC_ARENA_MAX": "2"}
 
 
 def init_ray(cfg: PipelineConfig) -> bool:

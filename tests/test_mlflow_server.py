@@ -4,6 +4,8 @@ the real MLflow UI, opened in headless Chromium."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -15,7 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
 
 from roll_pipeline.cli import main
 from roll_pipeline.config import load_config
@@ -99,38 +103,49 @@ class MlflowServer:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_model, mlflow_db):
-    """A server and a 2-step run that validates at steps 0, 1 and 2 with k=2 sampled responses per prompt."""
+    """A server and a 2-step `roll run` that validates at steps 0, 1 and 2 with k=2 sampled responses per prompt
+    and saves a checkpoint at step 2; with what the command printed."""
     root = tmp_path_factory.mktemp("mlflow_server")
     server = MlflowServer(root, mlflow_db)
     server.start()
     try:
         output_dir = root / "run"
-        code = main(
-            [
-                "run",
-                str(EXAMPLES / "math_code.yaml"),
-                *SMALL,
-                *SAMPLED_K2,
-                "max_steps=2",
-                "eval_steps=1",
-                f"output_dir={output_dir}",
-                f"tracking.tracking_uri={server.url}",
-                "tracking.experiment_name=served",
-            ]
-        )
-        assert code == 0
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = main(
+                [
+                    "run",
+                    str(EXAMPLES / "math_code.yaml"),
+                    *SMALL,
+                    *SAMPLED_K2,
+                    "max_steps=2",
+                    "eval_steps=1",
+                    "save_steps=2",
+                    f"output_dir={output_dir}",
+                    f"tracking.tracking_uri={server.url}",
+                    "tracking.experiment_name=served",
+                ]
+            )
+        assert code == 0, printed.getvalue()[-4000:]
         client = MlflowClient(server.url)
         (run,) = client.search_runs([client.get_experiment_by_name("served").experiment_id])
-        yield server, client, run, output_dir
+        yield server, client, run, output_dir, printed.getvalue()
     finally:
         server.stop()
 
 
 @pytest.mark.slow
-def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, capsys):
-    server, client, run, output_dir = trained
+def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, capsys, tiny_model):
+    server, client, run, output_dir, printed = trained
     run_id = run.info.run_id
     assert run.info.status == "FINISHED"
+    assert "finished 2 steps" in printed
+
+    # the checkpoint's Hugging Face folder holds the trained policy, changed from the one the run started with
+    trained_weights = load_file(output_dir / "checkpoints" / "step_2" / "actor_train" / "hf_model" / "model.safetensors")
+    initial = load_file(tiny_model / "model.safetensors")
+    assert any(k in trained_weights and not torch.equal(initial[k], trained_weights[k]) for k in initial)
+    assert (output_dir / "checkpoints" / "latest").read_text() == "step_2"
 
     # every tag's validation metrics at every validation step, each once
     for scope in ["all", *VAL_TAGS]:
@@ -265,7 +280,7 @@ def test_the_run_page_in_the_mlflow_ui_shows_the_per_tag_metrics(trained):
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and chromedriver):
         pytest.fail("Debian's chromium and chromium-driver are missing: `make browser` installs them")
-    server, _, run, _ = trained
+    server, _, run, _, _ = trained
     ARTIFACTS.mkdir(exist_ok=True)
     options = webdriver.ChromeOptions()
     options.binary_location = chromium

@@ -104,24 +104,29 @@ def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(tmp_path, tiny_
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     for out in (straight, crashed):  # roll_run's stores, made new and empty
         mlflow_db(Path(f"{out}.db"))
-    finish(roll_run(cfg, straight), straight)
+    # The uninterrupted run and the one to kill go side by side (each is deterministic, whatever the timing).
+    uninterrupted = roll_run(cfg, straight)
+    try:
+        # The same run, killed (the whole process tree) at a random moment after its first checkpoint.
+        proc = roll_run(cfg, crashed, start_new_session=True)
+        deadline = time.monotonic() + 600
+        while latest_checkpoint(checkpoint_root(crashed)) is None:
+            assert proc.poll() is None, Path(f"{crashed}.log").read_text()[-4000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(random.Random(os.getpid()).uniform(0.0, 3.0))
+        assert proc.poll() is None, "the run finished before it could be killed"
+        killed = kill_tree(proc)
+        assert killed > 3  # the driver, Ray's own processes and its workers
+        checkpoint = latest_checkpoint(checkpoint_root(crashed))
+        resumed_at = json.loads((checkpoint / STATE_FILE).read_text())["step"]
+        assert resumed_at < STEPS
 
-    # The same run, killed (the whole process tree) at a random moment after its first checkpoint.
-    proc = roll_run(cfg, crashed, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while latest_checkpoint(checkpoint_root(crashed)) is None:
-        assert proc.poll() is None, Path(f"{crashed}.log").read_text()[-4000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(random.Random(os.getpid()).uniform(0.0, 3.0))
-    assert proc.poll() is None, "the run finished before it could be killed"
-    killed = kill_tree(proc)
-    assert killed > 3  # the driver, Ray's own processes and its workers
-    checkpoint = latest_checkpoint(checkpoint_root(crashed))
-    resumed_at = json.loads((checkpoint / STATE_FILE).read_text())["step"]
-    assert resumed_at < STEPS
-
-    finish(roll_run(cfg, crashed, "--resume"), crashed)
+        finish(roll_run(cfg, crashed, "--resume"), crashed)
+        finish(uninterrupted, straight)
+    finally:
+        if uninterrupted.poll() is None:  # a failure above: no run outlives the test
+            kill_tree(uninterrupted)
     assert f"resuming resume_test from {checkpoint}" in Path(f"{crashed}.log").read_text()
 
     a, b = histories(straight), histories(crashed)

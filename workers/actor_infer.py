@@ -15,7 +15,7 @@ import torch
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import GeneratingArgs, PipelineConfig
 from roll_pipeline.data.loading import collate_prompts
-from workers.base import Worker, load_rng_states, rng_states
+from workers.base import Worker, load_rng_states, release_free_memory, rng_states
 from workers.request_batcher import Request, RequestBatcher
 
 
@@ -115,6 +115,11 @@ class ActorInferWorker(Worker):
         load_rng_states(state)
 
     def _run_batch(self, requests: list[Request], is_aborted) -> list[dict[str, Any]]:
+        results = self._generate_batch(requests, is_aborted)
+        release_free_memory()  # the batch's padded inputs, KV cache and logits are freed by now
+        return results
+
+    def _generate_batch(self, requests: list[Request], is_aborted) -> list[dict[str, Any]]:
         args, seed = requests[0].payload  # a seeded request is alone in its batch (its key holds its id)
         n = requests[0].num_return_sequences
         owner = [i for i, r in enumerate(requests) for _ in r.prompts]

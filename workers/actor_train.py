@@ -12,7 +12,7 @@ from roll_pipeline.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_los
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import PipelineConfig
 from roll_pipeline.models.forward import batched_log_probs, log_probs_from_logits, response_logits
-from workers.base import Worker
+from workers.base import Worker, release_free_memory
 from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
 from workers.strategies.loading import load_causal_lm
 
@@ -100,6 +100,11 @@ class ActorTrainWorker(Worker):
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over this rank's shard in mini-batches; returns averaged metrics."""
+        metrics = self._train_step(batch)
+        release_free_memory()  # the step's activations and gradients are freed by now
+        return metrics
+
+    def _train_step(self, batch: Batch) -> dict[str, float]:
         batch.require(*NEEDS, *(("ref_log_probs",) if self.cfg.use_kl_loss else ()), where="actor_train.train_step")
         ta = self.section.training_args
         module, temperature = self.strategy.module, self.cfg.actor_infer.generating_args.temperature
@@ -139,6 +144,8 @@ class ActorTrainWorker(Worker):
         weights = self.strategy.state_dict_for_inference() if self.strategy.zero_stage == 3 else None
         if self.rank == 0:
             self.strategy.module.save_pretrained(os.path.join(path, "hf_model"), state_dict=weights)
+        del weights
+        release_free_memory()  # the save's buffers
 
     def load_checkpoint(self, path: str) -> dict:
         """Weights, optimizer and LR schedule states and RNG states, as `save_checkpoint` wrote them."""

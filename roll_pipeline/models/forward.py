@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from roll_pipeline.batch import Batch
@@ -20,11 +22,22 @@ def concat_prompt_response(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, to
 
 
 def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """(B, R, V) logits that predict each response token."""
+    """(B, R, V) logits that predict each response token.
+
+    Where the model takes `logits_to_keep` (Hugging Face causal LMs do), only the last R + 1 positions go through
+    the output layer: the prompt's logits, (B, P, V) floats that nothing uses (gigabytes with a 150k vocabulary and
+    long prompts), are never made."""
     input_ids, attention_mask, position_ids = concat_prompt_response(batch)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     response_len = batch["response_ids"].shape[1]
-    return logits[:, -response_len - 1 : -1, :]
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    if takes_logits_to_keep(model):
+        return model(**inputs, logits_to_keep=response_len + 1).logits[:, :-1, :]
+    return model(**inputs).logits[:, -response_len - 1 : -1, :]
+
+
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    inner = getattr(model, "module", model)  # a DeepSpeed engine holds the model as .module
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def log_probs_from_logits(

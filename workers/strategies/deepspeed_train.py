@@ -97,7 +97,8 @@ class DeepSpeedTrainStrategy:
         stage 3 each rank holds a shard, so every rank must call this together: the parameters are gathered
         (one module at a time, to bound memory) and copied out."""
         if self.zero_stage < 3:
-            return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+            # No copy of CPU parameters: Ray serialises the result as this call returns, before any update.
+            return {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
         import deepspeed
 
         out: dict[str, torch.Tensor] = {}
