@@ -148,13 +148,14 @@ def measure(repeats: int = 3, quick: bool = False, log=print) -> Section:
     per_sample = 1000 / sorted(trivial.ours)[len(trivial.ours) // 2]
     if "bubblewrap" in costs:
         section.details.append(
-            "Where a sandboxed sample's time goes (sequential, medians): starting and ending an interpreter that "
-            f"does nothing takes {costs['bare']:.1f} ms bare and {costs['bubblewrap']:.1f} ms inside the "
-            "sandbox's bubblewrap command line (user, PID, network, IPC and UTS namespaces, the read-only mounts, "
-            f"the sandbox's uid), so isolation itself costs {costs['bubblewrap'] - costs['bare']:.1f} ms a run. "
-            f"A trivial sample at concurrency 1 takes {per_sample:.1f} ms through the scorer; the rest is the "
-            "harness (the job over stdin, rlimits, the result over its channel), reading the output, killing and "
-            "reaping the sandbox's tree, and judging. The bare side pays for neither the isolation nor the harness."
+            "Where a sandboxed sample's time goes (sequential, medians): an interpreter that does nothing starts "
+            f"and ends in {costs['bare']:.1f} ms bare and in {costs['bubblewrap']:.1f} ms inside the sandbox's "
+            "bubblewrap command line (user, PID, network, IPC and UTS namespaces, the read-only mounts, the "
+            f"sandbox's uid): isolation adds {costs['bubblewrap'] - costs['bare']:.1f} ms of start-up to every run. "
+            "The scorer starts each sandbox ahead of the sample that uses it, so that start-up overlaps the "
+            f"previous sample's run and judging: a trivial sample at concurrency 1 takes {per_sample:.1f} ms "
+            "through the scorer. At higher concurrency the start-ups take CPU from the runs themselves, which is "
+            "where the bare side pulls further ahead."
         )
     else:
         section.details.append("bubblewrap is not installed here: the sandboxed side ran without it.")
