@@ -466,7 +466,8 @@ def where_time_goes(ours: list[dict[str, Any]], peer: list[dict[str, Any]]) -> s
     trl_gen = statistics.median(x["generate_s"] for x in peer)
     rows_trl = [
         [
-            "generate, score and old log-probs (`_generate_and_score_completions`; ours: rollout + log_probs)",
+            "generate and score (`_generate_and_score_completions`, which adds an old log-prob pass only where a "
+            "generation feeds more than one optimizer step; ours: rollout + log_probs)",
             f"{trl_gen:.3f}",
             f"{trl_gen / trl_step:.0%}",
         ],

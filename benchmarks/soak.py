@@ -8,8 +8,10 @@ end of the run, and the tree's total, and exits 1 if any grew by more than `--ma
 
 What is compared is each point's floor: the lowest sample in about a minute. A worker's RSS goes up while it
 works on a step (activations, a checkpoint being written) and back down after it (workers.base's
-release_free_memory), so a minute's median depends on how many samples fell inside a step; a leak, or memory
-the allocator keeps, raises the floor. The medians are printed beside the floors, and every sample is written to
+release_free_memory: actor_infer's after each batch, actor_train's at most every 10 s), so a minute's median
+depends on how many samples fell inside a step; a leak, or memory the allocator keeps, raises the floor. The
+default interval, a second, is short beside the idle spell that follows actor_train's release, so every
+minute's floor sees at least one. The medians are printed beside the floors, and every sample is written to
 `rss_samples.csv` in the output folder.
 
 The warm-up ends at `--warmup-steps`; the step each sample belongs to comes from the run's tracking spool, which
@@ -66,9 +68,12 @@ def sample_tree(root: psutil.Process, series: dict[int, Series], now: float) -> 
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         total += rss
-        # Named at every sample: a Ray worker is `ray::IDLE` until its actor class takes the process.
+        # Named at every sample: a Ray worker is `ray::IDLE` until its actor class takes the process. A process
+        # on its way out may no longer show its command line ("?"): it keeps the name it had.
         entry = series.setdefault(proc.pid, Series(""))
-        entry.name = f"{label(proc)} (pid {proc.pid})"
+        name = label(proc)
+        if name != "?" or not entry.name:
+            entry.name = f"{name} (pid {proc.pid})"
         entry.samples.append((now, rss))
     return total
 
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="examples/math_code.yaml")
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--warmup-steps", type=int, default=50)
-    parser.add_argument("--interval-s", type=float, default=5.0)
+    parser.add_argument("--interval-s", type=float, default=1.0)
     parser.add_argument("--max-growth", type=float, default=0.10)
     parser.add_argument("--output-dir", default=None)
     parser.add_argument("overrides", nargs="*", help="more key.path=value overrides for the run")

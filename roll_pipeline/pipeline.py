@@ -358,8 +358,11 @@ class RLVRPipeline:
         return batch.update({"infer_is_weights": weights}), metrics
 
     def compute_log_probs(self, batch: Batch) -> Batch:
-        old = self.actor_train.dispatch("compute_log_probs", batch)
-        tensors = {"old_log_probs": torch.cat(old)}
+        """old_log_probs from actor_train (unless its update makes them itself: cfg.update_gives_old_log_probs)
+        and ref_log_probs from the reference, where there is one."""
+        tensors = {}
+        if not self.cfg.update_gives_old_log_probs:
+            tensors["old_log_probs"] = torch.cat(self.actor_train.dispatch("compute_log_probs", batch))
         if self.reference is not None:
             tensors["ref_log_probs"] = torch.cat(self.reference.dispatch("compute_log_probs", batch))
         return batch.update(tensors)

@@ -174,6 +174,43 @@ def test_critic_warmup_trains_only_the_critic_for_its_steps(monkeypatch):
     assert seen[2]["critic/loss"] == 2.0
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), True),  # the example: 16 prompts x 8 = 128 samples, one mini-batch of 64 x 2
+        (("ppo_epochs=2",), False),
+        (("actor_train.training_args.gradient_accumulation_steps=1",), False),  # two optimizer steps
+        (("add_token_level_kl=true",), False),  # the KL reward penalty reads them before the update
+        (("infer_is_cap=2.0",), False),  # compared with actor_infer's log-probs before the update
+        (("async_generation_ratio=1",), False),
+        (("use_kl_loss=true",), True),  # the reference's log-probs, not the old ones
+    ],
+)
+def test_old_log_probs_come_from_the_update_only_when_it_is_one_optimizer_step(overrides, expected):
+    assert config(*overrides).config.update_gives_old_log_probs is expected
+
+
+class LogProbCluster:
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.calls = 0
+
+    def dispatch(self, method: str, batch: Batch) -> list[torch.Tensor]:
+        assert method == "compute_log_probs"
+        self.calls += 1
+        return [torch.full((2, 3), self.value)]
+
+
+def test_the_log_prob_stage_skips_actor_train_when_the_update_gives_them():
+    for overrides, asks_actor in (((), False), (("ppo_epochs=2",), True)):
+        pipeline = RLVRPipeline(config("use_kl_loss=true", *overrides))
+        pipeline.actor_train, pipeline.reference = LogProbCluster(-1.0), LogProbCluster(-2.0)
+        batch = pipeline.compute_log_probs(Batch({"response_mask": torch.ones(2, 3)}))
+        assert pipeline.actor_train.calls == int(asks_actor)
+        assert ("old_log_probs" in batch) == asks_actor
+        assert pipeline.reference.calls == 1 and batch["ref_log_probs"].eq(-2.0).all()
+
+
 # ------------------------------------------------------------------------------------------- actor objective
 
 

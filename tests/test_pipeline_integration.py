@@ -39,6 +39,9 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         "max_steps=1",
         f"output_dir={tmp_path / 'run'}",
         f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
+        # two optimizer steps per batch, so that actor_train's own log-prob pass runs (update_gives_old_log_probs
+        # is off) and its old log-probs can be held against the reference's
+        "actor_train.training_args.gradient_accumulation_steps=1",
         "use_kl_loss=true",
         "kl_loss_coef=0.01",
         "adv_estimator=gae",
@@ -66,6 +69,7 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         assert len(batch) == 4 * 4
         assert set(batch.meta["domain"]) == {"math", "code"}
         assert batch["group_ids"].tolist() == [g for g in range(4) for _ in range(4)]
+        assert not pipeline.cfg.update_gives_old_log_probs
         batch = pipeline.compute_log_probs(batch)
         batch = pipeline.compute_values(batch)
         batch, _ = pipeline.shape_rewards(batch)

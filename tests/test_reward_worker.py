@@ -183,7 +183,10 @@ def test_timeout_is_per_sample_running_time_not_queue_time(make_worker):
 
 def test_scores_concurrently_up_to_num_threads(make_worker):
     worker = make_worker("echo", ECHO, {}, num_threads=3)
-    worker.score_batch([sample() for _ in range(6)])  # the processes are up
+    # Until all three processes are up: a batch goes to the ready ones, one sample each before any gets two.
+    up_by = time.monotonic() + 60
+    while len(pids(worker.score_batch([sample(mode="sleep", sleep_s=0.05) for _ in range(3)]))) < 3:
+        assert time.monotonic() < up_by, "three scoring processes did not start within 60 s"
     start = time.monotonic()
     results = worker.score_batch([sample(mode="sleep", sleep_s=0.5) for _ in range(6)])
     elapsed = time.monotonic() - start
@@ -203,7 +206,12 @@ def test_an_interrupted_batch_leaves_no_stale_work_behind(make_worker):
     interrupt.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            worker.score_batch([sample("a", "a", mode="sleep", sleep_s=1.0)])
+            began = time.monotonic()
+            late = worker.score_batch([sample("a", "a", mode="sleep", sleep_s=1.0)])
+            pytest.fail(
+                f"score_batch was not interrupted: it returned {late} after {time.monotonic() - began:.2f}s; "
+                f"SIGINT handler {signal.getsignal(signal.SIGINT)!r}, pool stats {worker.stats()}"
+            )
     finally:
         interrupt.join()
         if previous is not None:  # None: a handler not installed from Python, nothing to put back

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -38,3 +39,20 @@ def test_freed_heap_pages_below_a_live_block_stay_resident_until_released():
     mb = json.loads(out.stdout.strip().splitlines()[-1])
     assert mb["freed_mb"] > 120, mb  # freed, yet resident
     assert mb["trimmed_mb"] < 20, mb  # handed back
+
+
+def test_a_minimum_interval_skips_releases_that_come_too_soon(monkeypatch):
+    from workers import base
+
+    calls = []
+    monkeypatch.setattr(base, "_libc_malloc_trim", lambda: calls.append)
+    monkeypatch.setattr(base, "_last_release", time.monotonic())
+    assert base.release_free_memory(min_interval_s=60.0) is False  # released a moment ago
+    assert calls == []
+    assert base.release_free_memory() is True  # no interval asked for: always
+    assert calls == [0]
+    monkeypatch.setattr(base, "_last_release", time.monotonic() - 61.0)
+    assert base.release_free_memory(min_interval_s=60.0) is True
+    assert calls == [0, 0]
+    assert base.release_free_memory(min_interval_s=60.0) is False  # the release just now counts
+    assert calls == [0, 0]

@@ -1,5 +1,6 @@
 """DeepSpeed ZeRO stages 1-3 with two data-parallel ranks on CPU (gloo): one update gives the same loss and the
-same synced weights as a single unpartitioned rank (stage 0) on the same batch."""
+same synced weights as a single unpartitioned rank (stage 0) on the same batch. So does an update that takes its
+own log-probs as the old ones (one optimizer step per batch) instead of a separate pass's."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def training_batch(cfg, tokenizer) -> Batch:
     )
 
 
-def one_update(stage: int, world_size: int, tiny_model) -> tuple[float, dict[str, torch.Tensor]]:
+def one_update(stage: int, world_size: int, tiny_model, own_old: bool = False) -> tuple[float, dict[str, torch.Tensor]]:
     from workers.actor_train import ActorTrainWorker
     from workers.strategies.loading import load_tokenizer
 
@@ -70,8 +71,10 @@ def one_update(stage: int, world_size: int, tiny_model) -> tuple[float, dict[str
         cluster.init_process_group()
         cluster.call("initialize")
         batch = training_batch(cfg, load_tokenizer(cfg.actor_train.model_args))
-        old = torch.cat(cluster.dispatch("compute_log_probs", batch))
-        metrics = cluster.dispatch("train_step", batch.update({"old_log_probs": old}))
+        assert cfg.update_gives_old_log_probs  # one mini-batch per rank, so either way is allowed
+        if not own_old:
+            batch = batch.update({"old_log_probs": torch.cat(cluster.dispatch("compute_log_probs", batch))})
+        metrics = cluster.dispatch("train_step", batch)
         weights = cluster.call("get_weights")[0] if stage == 3 else cluster.call_rank0("get_weights")
         # each rank's loss is divided by the global count / world size, so their mean is the global mean
         loss = sum(m["actor/pg_loss"] for m in metrics) / world_size
@@ -104,3 +107,39 @@ def _start(tiny_model) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(tiny_model / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_an_update_taking_its_own_log_probs_as_old_matches_one_given_them(one_rank, tiny_model):
+    loss_given, weights_given = one_rank
+    loss_own, weights_own = one_update(0, 1, tiny_model, own_old=True)
+    assert abs(loss_given - loss_own) < 1e-5, (loss_given, loss_own)
+    worst = max(float((weights_given[k] - weights_own[k]).abs().max()) for k in weights_given)
+    assert worst < 1e-4, f"largest difference between old log-probs given and the update's own: {worst}"
+
+
+def test_a_batch_of_more_than_one_mini_batch_must_bring_its_old_log_probs():
+    from workers.actor_train import ActorTrainWorker
+
+    cfg = load_config(EXAMPLES / "math_code.yaml", [f"actor_train.torch_threads={torch.get_num_threads()}"]).config
+    worker = ActorTrainWorker(pipeline_config=cfg, total_optimizer_steps=1, name="actor_train", rank=0, world_size=1)
+    n = 129  # one more than the example's mini-batch of 64 x 2
+    batch = Batch(
+        {
+            "prompt_ids": torch.ones(n, 2, dtype=torch.long),
+            "prompt_mask": torch.ones(n, 2),
+            "response_ids": torch.ones(n, 3, dtype=torch.long),
+            "response_mask": torch.ones(n, 3),
+            "advantages": torch.zeros(n, 3),
+            "sample_mask": torch.ones(n),
+        }
+    )
+    with pytest.raises(ValueError, match="129 samples without old_log_probs, more than one mini-batch"):
+        worker.train_step(batch)
+    with pytest.raises(KeyError, match="old_log_probs"):
+        ActorTrainWorker(
+            pipeline_config=load_config(
+                EXAMPLES / "math_code.yaml", ["ppo_epochs=2", f"actor_train.torch_threads={torch.get_num_threads()}"]
+            ).config,
+            total_optimizer_steps=1, name="actor_train", rank=0, world_size=1,
+        ).train_step(batch)

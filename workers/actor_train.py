@@ -16,7 +16,11 @@ from workers.base import Worker, release_free_memory
 from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
 from workers.strategies.loading import load_causal_lm
 
-NEEDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_log_probs", "advantages", "sample_mask")
+# A train step's freed activations are handed back to the OS at most this often: each release makes the next step
+# fault those pages in again (see release_free_memory).
+RELEASE_INTERVAL_S = 10.0
+
+NEEDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "advantages", "sample_mask")
 
 
 def loss_mask(batch: Batch) -> torch.Tensor:
@@ -101,12 +105,20 @@ class ActorTrainWorker(Worker):
     def train_step(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over this rank's shard in mini-batches; returns averaged metrics."""
         metrics = self._train_step(batch)
-        release_free_memory()  # the step's activations and gradients are freed by now
+        release_free_memory(RELEASE_INTERVAL_S)  # the step's activations and gradients are freed by now
         return metrics
 
     def _train_step(self, batch: Batch) -> dict[str, float]:
-        batch.require(*NEEDS, *(("ref_log_probs",) if self.cfg.use_kl_loss else ()), where="actor_train.train_step")
+        own_old = self.cfg.update_gives_old_log_probs
+        needs = (*NEEDS, *(() if own_old else ("old_log_probs",)), *(("ref_log_probs",) if self.cfg.use_kl_loss else ()))
+        batch.require(*needs, where="actor_train.train_step")
         ta = self.section.training_args
+        minibatch_size = ta.per_device_train_batch_size * ta.gradient_accumulation_steps
+        if own_old and "old_log_probs" not in batch and len(batch) > minibatch_size:
+            raise ValueError(
+                f"actor_train.train_step: {len(batch)} samples without old_log_probs, more than one mini-batch "
+                f"({minibatch_size}): only a batch trained in one optimizer step may take its own log-probs as old"
+            )
         module, temperature = self.strategy.module, self.cfg.actor_infer.generating_args.temperature
         module.train()
         entropy_grad = self.cfg.entropy_loss_coef != 0  # otherwise the entropy is only logged
@@ -120,6 +132,8 @@ class ActorTrainWorker(Worker):
                     log_probs, entropy = log_probs_from_logits(
                         logits, micro["response_ids"], temperature, with_entropy=True, entropy_grad=entropy_grad
                     )
+                    if "old_log_probs" not in micro:  # one optimizer step: the policy now is the old one
+                        micro = micro.update({"old_log_probs": log_probs.detach()})
                     loss, parts = policy_objective(log_probs, entropy, micro, self.cfg, norm)
                     self.strategy.backward(loss)
                     self.strategy.step()

@@ -642,6 +642,23 @@ class PipelineConfig:
         return self.async_generation_ratio > 0 or self.infer_is_cap is not None
 
     @property
+    def update_gives_old_log_probs(self) -> bool:
+        """Each step's batch is trained in exactly one optimizer step (ppo_epochs 1, and the whole rollout is one
+        mini-batch across actor_train's ranks), and nothing before the update reads old_log_probs (no KL reward
+        penalty, no actor_infer log-probs to compare them with). Then the policy before the update is the one
+        whose forward the update runs, so actor_train takes that forward's log-probs, detached, as the old ones
+        (the ratio is exactly 1) and the separate log-prob pass over the batch is skipped."""
+        ta = self.actor_train.training_args
+        per_update = ta.per_device_train_batch_size * ta.gradient_accumulation_steps * self.actor_train.world_size
+        samples = self.rollout_batch_size * self.num_return_sequences_in_group
+        return (
+            self.ppo_epochs == 1
+            and samples <= per_update
+            and not self.add_token_level_kl
+            and not self.needs_infer_log_probs
+        )
+
+    @property
     def needs_reference(self) -> bool:
         """The KL loss or the KL reward penalty needs the reference policy's log-probs."""
         return self.use_kl_loss or self.add_token_level_kl
