@@ -125,7 +125,7 @@ class ActorTrainWorker(Worker):
         sums: dict[str, float] = defaultdict(float)
         n_minibatches = 0
         for _ in range(self.cfg.ppo_epochs):
-            for minibatch in batch.split(ta.per_device_train_batch_size * ta.gradient_accumulation_steps):
+            for minibatch in batch.split(minibatch_size):
                 norm = global_normalizer(loss_mask(minibatch), self.cfg.loss_agg_mode, self.world_size)
                 for micro in minibatch.split(ta.per_device_train_batch_size):
                     logits = response_logits(self.strategy.engine, micro)
