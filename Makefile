@@ -4,7 +4,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PLUGIN_EXAMPLE := tests/fixtures/roll_reward_plugin_example
-MODEL := examples/models/tiny-qwen2
 CONFIG ?= examples/math_code.yaml
 PYTEST_ARGS ?=
 
@@ -24,8 +23,9 @@ $(STAMP): pyproject.toml $(PLUGIN_EXAMPLE)/pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e $(PLUGIN_EXAMPLE)
 	touch $(STAMP)
 
+# Embedded models by name (roll_pipeline/models/embedded.py); each is rebuilt only when its spec changed.
 model: install
-	$(BIN)/roll model build-tiny --out $(MODEL)
+	$(BIN)/roll model build tiny-qwen2
 
 run: model
 	$(BIN)/roll run $(CONFIG)
@@ -69,9 +69,7 @@ sandbox-deps:
 .PHONY: judge-model
 test test-fast: judge-model
 judge-model: install
-	$(BIN)/roll model build-tiny-judge --out examples/models/tiny-qwen2-judge
-	$(BIN)/roll model build-tiny --out examples/models/tiny-qwen2-multi --train-files \
-		examples/data/math_train.jsonl examples/data/code_train.jsonl examples/data/open_train.jsonl
+	$(BIN)/roll model build tiny-qwen2-judge tiny-qwen2-multi
 
 # The MLflow UI on 127.0.0.1 for the local tracking store (MLFLOW_TRACKING_URI, else ./mlflow.db).
 ui: install

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from roll_pipeline.config import ConfigError, load_config
-from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error
+from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error, warn
 from roll_pipeline.data.loading import DataError
 
 
@@ -91,7 +91,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_model_build_tiny(args: argparse.Namespace) -> int:
-    from roll_pipeline.models.tiny import build_tiny_model
+    from roll_pipeline.models.tiny import build_tiny_model, weights_sha256
 
     files = [Path(f) for f in args.train_files]
     missing = [str(f) for f in files if not f.exists()]
@@ -99,7 +99,29 @@ def cmd_model_build_tiny(args: argparse.Namespace) -> int:
         error(f"training data not found: {', '.join(missing)} (generate it with `roll data generate`)")
         return EXIT_USAGE
     path = build_tiny_model(Path(args.out), files, seed=args.seed)
-    echo(f"tiny model ready at {path}")
+    echo(f"tiny model ready at {path} (weights sha256 {weights_sha256(path)})")
+    return 0
+
+
+def cmd_model_build(args: argparse.Namespace) -> int:
+    from roll_pipeline.models.embedded import EMBEDDED_MODELS, build_embedded_model
+    from roll_pipeline.models.tiny import weights_sha256
+
+    unknown = [name for name in args.names if name not in EMBEDDED_MODELS]
+    if unknown:
+        error(f"no embedded model named {', '.join(unknown)}; known: {', '.join(EMBEDDED_MODELS)}")
+        return EXIT_USAGE
+    for name in args.names or list(EMBEDDED_MODELS):
+        try:
+            path = build_embedded_model(name, Path(args.models_dir), seed=args.seed)
+        except FileNotFoundError as exc:
+            error(str(exc))
+            return EXIT_USAGE
+        digest = weights_sha256(path)
+        echo(f"{name} ready at {path} (weights sha256 {digest})")
+        if args.seed == 0 and digest != EMBEDDED_MODELS[name].reference_sha256:
+            warn(f"{name}'s weights differ from the reference build's ({EMBEDDED_MODELS[name].reference_sha256}): "
+                 "other package versions, or a CPU without AVX2; figures measured on the reference may not hold")
     return 0
 
 
@@ -141,7 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="the embedded model").add_subparsers(
         dest="model_command", required=True
     )
-    tiny = model.add_parser("build-tiny", help="build (or reuse) the embedded tiny model")
+    build = model.add_parser(
+        "build",
+        help="build (or reuse) embedded models by name, as the examples name them",
+        description="Build each named embedded model into MODELS_DIR/NAME (default: all of them); a model already "
+        "built from the same spec is reused. The same seed gives the same weights on every x86-64 machine: the "
+        "weights' sha256 is printed.",
+    )
+    build.add_argument("names", nargs="*", metavar="NAME", help="tiny-qwen2, tiny-qwen2-multi, tiny-qwen2-judge")
+    build.add_argument("--models-dir", default="examples/models")
+    build.add_argument("--seed", type=int, default=0)
+    build.set_defaults(func=cmd_model_build)
+
+    tiny = model.add_parser("build-tiny", help="build (or reuse) a tiny model from any training files")
     tiny.add_argument("--out", default="examples/models/tiny-qwen2")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument(

@@ -15,3 +15,8 @@ def echo(msg: str = "") -> None:
 def error(msg: str) -> None:
     """A message for the user on stderr, after ``error:`` (no traceback)."""
     print(f"error: {msg}", file=sys.stderr, flush=True)
+
+
+def warn(msg: str) -> None:
+    """A warning for the user on stderr, after ``warning:``; the command goes on."""
+    print(f"warning: {msg}", file=sys.stderr, flush=True)

@@ -18,6 +18,7 @@ from roll_pipeline.data.loading import (
     load_domain_rows,
     require_rows,
 )
+from roll_pipeline.models.embedded import build_hint
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,8 @@ def _model_check(key: str, path: str, auto_class: str = "AutoModelForCausalLM") 
     if not local.is_absolute():  # resolve() keeps only hub ids relative
         return _hub_model_check(key, path, auto_class)
     if local.is_absolute() and not local.is_dir():
-        hint = (
-            " (build the embedded model with `roll model build-tiny` or `make model`)"
-            if "tiny" in path
-            else ""
-        )
+        build = build_hint(path)
+        hint = f" ({build})" if build else ""
         what = "is a file, not a model folder" if local.exists() else "does not exist"
         return Check(key, False, f"model path {path} {what}{hint}")
     if local.is_absolute() and not (local / "config.json").is_file():

@@ -45,14 +45,17 @@ def small_math_config(example: str, tmp_path, tiny_model, tracking_uri: str | No
 
 # GRPO once more with async rollouts: each batch is generated one update behind, corrected by truncated IS.
 ASYNC = {"async_generation_ratio": 1.0, "infer_is_cap": 2.0}
+#: The cases, by name: (example config, overrides). benchmarks/learning_spread.py measures the same ones.
+CASES = {
+    "grpo": ("grpo.yaml", {}),
+    "dapo": ("dapo.yaml", {}),
+    "ppo_gae": ("ppo_gae.yaml", {}),
+    "grpo_async": ("grpo.yaml", ASYNC),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("example", "extra"),
-    [("grpo.yaml", {}), ("dapo.yaml", {}), ("ppo_gae.yaml", {}), ("grpo.yaml", ASYNC)],
-    ids=["grpo", "dapo", "ppo_gae", "grpo_async"],
-)
+@pytest.mark.parametrize(("example", "extra"), list(CASES.values()), ids=list(CASES))
 def test_example_config_raises_validation_accuracy(example, extra, tmp_path, tiny_model, mlflow_db):
     path = tmp_path / example
     path.write_text(yaml.safe_dump(small_math_config(example, tmp_path, tiny_model, mlflow_db(tmp_path / 'mlflow.db')) | extra))

@@ -1,15 +1,20 @@
 """Tests for the embedded tiny model builder: loadable like any checkpoint, cached by spec."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from roll_pipeline.models.tiny import BUILD_INFO, build_tiny_model
+from roll_pipeline.models.embedded import EMBEDDED_MODELS
+from roll_pipeline.models.tiny import BUILD_INFO, build_tiny_model, weights_sha256
 
-DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "examples" / "data"
 TRAIN_FILES = [DATA / "math_train.jsonl", DATA / "code_train.jsonl"]
 # Few steps and a small held-out slice keep each build to seconds; quality is not under test here.
 FAST = {"warmup_steps": 3, "batch_size": 8, "eval_rows_per_file": 2}
@@ -71,14 +76,51 @@ def test_same_spec_is_cached_and_new_seed_rebuilds(built):
     assert not [path for path in built.parent.iterdir() if path.name.startswith(".")]
 
 
-def test_same_seed_builds_identical_weights(tmp_path):
-    first = build_tiny_model(tmp_path / "a", TRAIN_FILES, seed=0, **FAST)
-    second = build_tiny_model(tmp_path / "b", TRAIN_FILES, seed=0, **FAST)
-    for a, b in zip(AutoModelForCausalLM.from_pretrained(first).parameters(),
-                    AutoModelForCausalLM.from_pretrained(second).parameters(), strict=True):
+# What a different machine changes: its core count (OMP_NUM_THREADS), and the vector units torch, MKL and glibc
+# find (an AVX2-only CPU, emulated on an AVX-512 one: torch's kernels as it picks them there, MKL's and glibc's). Without the build's pinned kernels this machine's build and the
+# emulated one differ (measured 2026-11-24 on an AVX-512 AMD EPYC, full build: 0c25241d... against 52688a35...;
+# this short one differs too). On a CPU without AVX-512 the emulation changes nothing, so there the test shows less.
+OTHER_MACHINE = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL",
+}
+
+
+def build_in_new_process(out: Path, env: dict[str, str]) -> str:
+    script = (
+        "import sys; from pathlib import Path; from roll_pipeline.models.tiny import build_tiny_model, "
+        "weights_sha256; from tests.test_tiny_model import FAST, TRAIN_FILES; "
+        "print(weights_sha256(build_tiny_model(Path(sys.argv[1]), TRAIN_FILES, seed=0, **FAST)))"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(out)], env={**os.environ, **env}, cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    return done.stdout.split()[-1]
+
+
+def test_same_seed_builds_identical_weights_on_another_machine(tmp_path):
+    here = build_in_new_process(tmp_path / "a", {"OMP_NUM_THREADS": "2"})
+    elsewhere = build_in_new_process(tmp_path / "b", OTHER_MACHINE)
+    assert here == elsewhere
+    assert json.loads((tmp_path / "a" / BUILD_INFO).read_text())["weights_sha256"] == here
+    for a, b in zip(AutoModelForCausalLM.from_pretrained(tmp_path / "a").parameters(),
+                    AutoModelForCausalLM.from_pretrained(tmp_path / "b").parameters(), strict=True):
         assert torch.equal(a, b)
 
 
 def test_unknown_hyperparameter_is_an_error(tmp_path):
     with pytest.raises(TypeError, match="hidden_sise"):
         build_tiny_model(tmp_path / "model", TRAIN_FILES, hidden_sise=64)
+
+
+@pytest.mark.parametrize("name", list(EMBEDDED_MODELS))
+def test_the_embedded_models_make_test_built_are_the_reference_builds(name):
+    """On a fresh machine `make test` builds every embedded model; each must be the build every figure of the README
+    and of the learning tests was measured on. A new torch or transformers may change them: then measure again and
+    update `reference_sha256` (roll_pipeline/models/embedded.py) and the README's table."""
+    model_dir = ROOT / "examples" / "models" / name
+    if not (model_dir / "config.json").exists():
+        pytest.fail(f"{model_dir} is missing: run `roll model build {name}` (make test does it) before the tests")
+    assert weights_sha256(model_dir) == EMBEDDED_MODELS[name].reference_sha256

@@ -33,6 +33,9 @@ class TrainingArgs:
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    """AdamW's epsilon, added to the root of the second moment. Far below the gradients' size (the default) a step
+    moves each weight by about lr * sign(gradient); far above it, by lr * gradient / epsilon."""
     warmup_steps: int = 0
     """Optimizer steps of linear LR warm-up from 0."""
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
@@ -52,6 +55,8 @@ class TrainingArgs:
             yield "warmup_steps", "must be >= 0"
         if self.max_grad_norm <= 0:
             yield "max_grad_norm", "must be > 0"
+        if self.adam_epsilon <= 0:
+            yield "adam_epsilon", f"must be > 0, got {self.adam_epsilon}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -113,8 +113,10 @@ def cmd_build_tiny_judge(args: argparse.Namespace) -> int:
             "(generate it with `python -m roll_pipeline.data.synthetic --open-answer`)"
         )
         return EXIT_USAGE
+    from roll_pipeline.models.tiny import weights_sha256
+
     path = build_tiny_judge(Path(args.out), files, seed=args.seed)
-    echo(f"tiny judge ready at {path}")
+    echo(f"tiny judge ready at {path} (weights sha256 {weights_sha256(path)})")
     return 0
 
 

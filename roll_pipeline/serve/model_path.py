@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from roll_pipeline.models.embedded import build_hint
+
 CONFIG_FILE = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 RESOLVED_CONFIG = "resolved_config.json"
@@ -82,7 +84,8 @@ def resolve_model_path(path: str | Path, tokenizer: str | Path | None = None) ->
     docstring."""
     path = Path(path)
     if not path.exists():
-        raise ModelPathError(f"model path {path} does not exist")
+        build = build_hint(path)
+        raise ModelPathError(f"model path {path} does not exist" + (f" ({build})" if build else ""))
     weights = _weights_folder(path)
     if tokenizer is not None:
         tokenizer_dir = Path(tokenizer)

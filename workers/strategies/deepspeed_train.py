@@ -53,7 +53,8 @@ class DeepSpeedTrainStrategy:
         model.to(DTYPES[config.model_args.dtype])
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
-            params, lr=ta.learning_rate, betas=(ta.adam_beta1, ta.adam_beta2), weight_decay=ta.weight_decay
+            params, lr=ta.learning_rate, betas=(ta.adam_beta1, ta.adam_beta2), eps=ta.adam_epsilon,
+            weight_decay=ta.weight_decay,
         )
         from transformers import get_scheduler
 

@@ -1,0 +1,70 @@
+"""How much the learning tests' runs gain, over several seeds: the measurement behind tests/test_learning.py.
+
+Each case is the test's own config (tests.test_learning.small_math_config: an example config cut to the math domain
+and 32 prompts that are both training and validation data), run once per seed with `seed=<seed>` (the schedulers'
+draw order, sampling and worker seeds all follow it). Prints one line per run and a summary per case: the gain in
+prompts answered right (greedy, of 32) at the end of `--steps` steps, its min / median / max.
+
+    python -m benchmarks.learning_spread --seeds 1 2 3 4 5 [--cases grpo dapo] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from roll_pipeline.config import load_config
+from roll_pipeline.pipeline import RLVRPipeline
+from tests.conftest import TINY_MODEL
+from tests.test_learning import CASES, PROMPTS, small_math_config
+
+
+def gain_of_one_run(case: str, seed: int, steps: int) -> tuple[float, float, float]:
+    """(start accuracy, end accuracy, seconds) of one run of a case."""
+    example, extra = CASES[case]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        cfg = small_math_config(example, tmp_path, TINY_MODEL) | extra | {"seed": seed, "max_steps": steps}
+        path = tmp_path / example
+        path.write_text(yaml.safe_dump(cfg))
+        started = time.perf_counter()
+        pipeline = RLVRPipeline(load_config(path, []))
+        try:
+            pipeline.setup()
+            summary = pipeline.run()
+        finally:
+            pipeline.shutdown()
+        return (summary["start"]["val_correct/all/mean"], summary["end"]["val_correct/all/mean"],
+                time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--steps", type=int, default=None, help="default: the test's STEPS")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    from tests.test_learning import STEPS
+
+    steps = args.steps or STEPS
+    for case in args.cases:
+        gains = []
+        for seed in args.seeds:
+            start, end, seconds = gain_of_one_run(case, seed, steps)
+            gains.append(round((end - start) * PROMPTS))
+            print(f"{case} seed {seed}: {start:.3f} -> {end:.3f} ({gains[-1]:+d} of {PROMPTS} prompts) "
+                  f"in {seconds:.0f} s", flush=True)
+        print(f"{case}: gain over {len(gains)} seeds after {steps} steps: min {min(gains):+d}, "
+              f"median {statistics.median(gains):+g}, max {max(gains):+d}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
