@@ -49,8 +49,9 @@ BUILD_FORMAT = 2
 #: core count. Measured on a 2-core AVX-512 AMD EPYC (2026-11-24): unpinned, the weights changed when MKL and ATen
 #: were told the CPU had only AVX2; pinned, they were the same with and without that, and with 1 or 2 threads
 #: (1 thread: 105 s, 2 threads: 63 s).
-PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 BUILD_THREADS = 2
+PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": str(BUILD_THREADS),
+                  "MKL_NUM_THREADS": str(BUILD_THREADS)}
 WEIGHTS_FILE = "model.safetensors"
 RESULTS_FILE = ".build_results.json"
 # Warm-up steps between progress log lines; not part of the spec because it does not change the model.
@@ -130,8 +131,8 @@ def weights_sha256(model_dir: Path) -> str:
 
 def _build_in_pinned_process(out_dir: Path, hparams: TinyModelHyperparameters, train_files: Sequence[Path],
                              seed: int) -> dict:
-    """Run `_build` in a fresh interpreter with `PINNED_KERNELS`: both variables are read once, when torch and
-    MKL load, so they cannot be set in a process that has already imported torch (a test, a pipeline)."""
+    """Run `_build` in a fresh interpreter with `PINNED_KERNELS`: torch and MKL read them once, when they load,
+    so they cannot be set in a process that has already imported torch (a test, a pipeline)."""
     job = {"out_dir": str(out_dir), "hyperparameters": asdict(hparams),
            "train_files": [str(path) for path in train_files], "seed": seed,
            "log_level": logging.getLogger().getEffectiveLevel()}
@@ -356,7 +357,6 @@ def _greedy_exact_match(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerF
         correct += sum(response.strip() == row["ground_truth"].strip() for response, row in zip(responses, chunk, strict=True))
     tokenizer.padding_side = "right"
     return correct / len(rows)
-
 
 
 if __name__ == "__main__":
