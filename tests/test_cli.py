@@ -79,3 +79,11 @@ def test_data_generate_writes_files(tmp_path, capsys):
     assert {p.name for p in tmp_path.glob("*.jsonl")} == {
         "math_train.jsonl", "math_val.jsonl", "code_train.jsonl", "code_val.jsonl"
     }
+
+
+def test_model_build_names_the_models_it_knows_when_given_another(capsys, tmp_path):
+    assert main(["model", "build", "tiny-qwen3", "--models-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no embedded model named tiny-qwen3" in err
+    assert "tiny-qwen2, tiny-qwen2-multi, tiny-qwen2-judge" in err
+    assert not list(tmp_path.iterdir())
