@@ -17,29 +17,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
-from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import RLVRPipeline
 from tests.conftest import TINY_MODEL
-from tests.test_learning import CASES, PROMPTS, small_math_config
+from tests.test_learning import CASES, PROMPTS, run_case
 
 
 def gain_of_one_run(case: str, seed: int, steps: int) -> tuple[float, float, float]:
     """(start accuracy, end accuracy, seconds) of one run of a case."""
     example, extra = CASES[case]
     with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
-        cfg = small_math_config(example, tmp_path, TINY_MODEL) | extra | {"seed": seed, "max_steps": steps}
-        path = tmp_path / example
-        path.write_text(yaml.safe_dump(cfg))
         started = time.perf_counter()
-        pipeline = RLVRPipeline(load_config(path, []))
-        try:
-            pipeline.setup()
-            summary = pipeline.run()
-        finally:
-            pipeline.shutdown()
+        _, summary = run_case(example, extra, Path(tmp), TINY_MODEL, seed=seed, max_steps=steps)
         return (summary["start"]["val_correct/all/mean"], summary["end"]["val_correct/all/mean"],
                 time.perf_counter() - started)
 

@@ -54,17 +54,24 @@ CASES = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("example", "extra"), list(CASES.values()), ids=list(CASES))
-def test_example_config_raises_validation_accuracy(example, extra, tmp_path, tiny_model, mlflow_db):
+def run_case(example: str, extra: dict, tmp_path, tiny_model, tracking_uri: str | None = None,
+             **overrides) -> tuple[RLVRPipeline, dict]:
+    """Run one case to its end: the pipeline (for its history) and the run's summary."""
     path = tmp_path / example
-    path.write_text(yaml.safe_dump(small_math_config(example, tmp_path, tiny_model, mlflow_db(tmp_path / 'mlflow.db')) | extra))
+    cfg = small_math_config(example, tmp_path, tiny_model, tracking_uri) | extra | overrides
+    path.write_text(yaml.safe_dump(cfg))
     pipeline = RLVRPipeline(load_config(path, []))
     try:
         pipeline.setup()
-        summary = pipeline.run()
+        return pipeline, pipeline.run()
     finally:
         pipeline.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("example", "extra"), list(CASES.values()), ids=list(CASES))
+def test_example_config_raises_validation_accuracy(example, extra, tmp_path, tiny_model, mlflow_db):
+    pipeline, summary = run_case(example, extra, tmp_path, tiny_model, mlflow_db(tmp_path / "mlflow.db"))
     start, end = summary["start"]["val_correct/all/mean"], summary["end"]["val_correct/all/mean"]
     print(f"{example} {extra}: val_correct/all/mean {start:.3f} at step 0 -> {end:.3f} at step {summary['steps']}")
     assert summary["steps"] == STEPS
