@@ -170,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
         "built from the same spec is reused. The same seed gives the same weights on every x86-64 machine: the "
         "weights' sha256 is printed.",
     )
-    build.add_argument("names", nargs="*", metavar="NAME", help="tiny-qwen2, tiny-qwen2-multi, tiny-qwen2-judge")
+    from roll_pipeline.models.embedded import EMBEDDED_MODELS
+
+    build.add_argument("names", nargs="*", metavar="NAME",
+                       help="; ".join(f"{m.name}: {m.purpose}" for m in EMBEDDED_MODELS.values()))
     build.add_argument("--models-dir", default="examples/models")
     build.add_argument("--seed", type=int, default=0)
     build.set_defaults(func=cmd_model_build)

@@ -3,7 +3,7 @@
 Each `examples/*.yaml` header lists, indented under a comment, the exact commands that run it from the repository
 root: the embedded models it needs (`roll model build NAME`), a judge server where it calls one (`roll serve ...
 &`), then `roll run`. The test copies what a clone has (the example files and their data, no models) into an empty
-folder, checks that a dry run there fails and names the command that builds each missing model, then runs the
+folder, checks that a dry run there fails and names the command that builds its policy model, then runs the
 header's commands there (the last, `roll run`, as `--dry-run`) and checks that the dry run passes.
 
 The builds are cache hits: the models `make test` built are copied in first, and `roll model build` reuses a folder
@@ -78,12 +78,14 @@ def start_judge_server(command: str, cwd: Path) -> subprocess.Popen:
     args = shlex.split(command.removesuffix("&"))
     assert args[:2] == ["roll", "serve"], command
     port = args[args.index("--port") + 1]
-    server = subprocess.Popen([sys.executable, "-m", "roll_pipeline.cli", *args[1:]], cwd=cwd,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = cwd / "judge-server.log"  # a file, not a pipe: nothing reads the server's output while it runs
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "roll_pipeline.cli", *args[1:]], cwd=cwd,
+                                  stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            pytest.fail(f"`{command}` exited with {server.returncode}: {server.stderr.read()}")
+            pytest.fail(f"`{command}` exited with {server.returncode}: {log.read_text()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
                 if reply.status == 200:

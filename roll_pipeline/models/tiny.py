@@ -125,8 +125,9 @@ def build_tiny_model(out_dir: Path, train_files: list[Path], seed: int = 0, **hy
 
 def weights_sha256(model_dir: Path) -> str:
     """sha256 of a built model's weights file: equal on every machine for the same build spec."""
-    with (Path(model_dir) / WEIGHTS_FILE).open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+    from roll_pipeline.tracking.metadata import content_hash
+
+    return content_hash(Path(model_dir) / WEIGHTS_FILE)
 
 
 def _build_in_pinned_process(out_dir: Path, hparams: TinyModelHyperparameters, train_files: Sequence[Path],
