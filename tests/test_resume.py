@@ -107,14 +107,21 @@ def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(tmp_path, tiny_
     # The uninterrupted run and the one to kill go side by side (each is deterministic, whatever the timing).
     uninterrupted = roll_run(cfg, straight)
     try:
-        # The same run, killed (the whole process tree) at a random moment after its first checkpoint.
+        # The same run, killed (the whole process tree) soon after a checkpoint that is not the last one, chosen at
+        # random. The moment follows the run's own progress, not the clock: a fixed 0-3 s after the first checkpoint
+        # once came after the last one on a fast machine (6 steps in under 3 s), leaving nothing to resume. After
+        # the step-4 checkpoint the last one is still two steps, a validation and a save away.
+        rng = random.Random(os.getpid())
+        kill_after = rng.choice(range(SAVE_STEPS, STEPS, SAVE_STEPS))
         proc = roll_run(cfg, crashed, start_new_session=True)
         deadline = time.monotonic() + 600
-        while latest_checkpoint(checkpoint_root(crashed)) is None:
+        while (latest := latest_checkpoint(checkpoint_root(crashed))) is None or json.loads(
+            (latest / STATE_FILE).read_text()
+        )["step"] < kill_after:
             assert proc.poll() is None, Path(f"{crashed}.log").read_text()[-4000:]
             assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(random.Random(os.getpid()).uniform(0.0, 3.0))
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.2))
         assert proc.poll() is None, "the run finished before it could be killed"
         killed = kill_tree(proc)
         assert killed > 3  # the driver, Ray's own processes and its workers
