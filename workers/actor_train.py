@@ -46,15 +46,27 @@ def loss_scale(cfg: PipelineConfig) -> float:
 
 
 def policy_objective(
-    log_probs: torch.Tensor, entropy: torch.Tensor, micro: Batch, cfg: PipelineConfig, norm: float
+    log_probs: torch.Tensor,
+    entropy: torch.Tensor,
+    micro: Batch,
+    cfg: PipelineConfig,
+    norm: float,
+    token_norm: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The scalar loss of one micro-batch (already divided by the mini-batch normaliser) and its parts: the policy
-    loss, minus the entropy bonus, plus the KL loss, each aggregated with loss_agg_mode."""
+    """The scalar loss of one micro-batch (already divided by the mini-batch normaliser `norm`) and its parts: the
+    policy loss, minus the entropy bonus, plus the KL loss, each aggregated with loss_agg_mode.
+
+    The diagnostics (`entropy`, `clipfrac`, `approx_kl`, `dual_clipfrac`) are token means in every mode, divided
+    by `token_norm`, the mini-batch's token count (None: this micro-batch's), so that a fraction stays a fraction:
+    aggregated like the loss, under seq-mean-token-sum a "clipfrac" would be clipped tokens per response."""
     mask = loss_mask(micro)
     clip_low, clip_high = cfg.clip_range
 
     def aggregate(per_token: torch.Tensor) -> torch.Tensor:
         return aggregate_loss(per_token, mask, cfg.loss_agg_mode, norm, loss_scale(cfg))
+
+    def token_mean(per_token: torch.Tensor) -> torch.Tensor:
+        return aggregate_loss(per_token.detach(), mask, "token-mean", token_norm)
 
     pg, diag = POLICY_LOSSES.get(cfg.policy_loss)(
         log_probs,
@@ -69,8 +81,8 @@ def policy_objective(
         pg = pg * micro["infer_is_weights"]
     pg_loss = aggregate(pg)
     loss = pg_loss
-    parts = {"pg_loss": pg_loss.detach(), "entropy": aggregate(entropy.detach())}
-    parts |= {k.replace("clipped", "clipfrac"): aggregate(v.detach()) for k, v in diag.items()}
+    parts = {"pg_loss": pg_loss.detach(), "entropy": token_mean(entropy)}
+    parts |= {k.replace("clipped", "clipfrac"): token_mean(v) for k, v in diag.items()}
     if cfg.use_kl_loss:
         kl = KL_ESTIMATORS.get(cfg.kl_estimator)(log_probs, micro["ref_log_probs"])
         kl_loss = aggregate(kl)
@@ -126,7 +138,9 @@ class ActorTrainWorker(Worker):
         n_minibatches = 0
         for _ in range(self.cfg.ppo_epochs):
             for minibatch in batch.split(minibatch_size):
-                norm = global_normalizer(loss_mask(minibatch), self.cfg.loss_agg_mode, self.world_size)
+                mask = loss_mask(minibatch)
+                norm = global_normalizer(mask, self.cfg.loss_agg_mode, self.world_size)
+                token_norm = global_normalizer(mask, "token-mean", self.world_size)
                 for micro in minibatch.split(ta.per_device_train_batch_size):
                     logits = response_logits(self.strategy.engine, micro)
                     log_probs, entropy = log_probs_from_logits(
@@ -134,7 +148,7 @@ class ActorTrainWorker(Worker):
                     )
                     if "old_log_probs" not in micro:  # one optimizer step: the policy now is the old one
                         micro = micro.update({"old_log_probs": log_probs.detach()})
-                    loss, parts = policy_objective(log_probs, entropy, micro, self.cfg, norm)
+                    loss, parts = policy_objective(log_probs, entropy, micro, self.cfg, norm, token_norm)
                     self.strategy.backward(loss)
                     self.strategy.step()
                     for k, v in parts.items():

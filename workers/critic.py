@@ -48,6 +48,7 @@ class CriticWorker(Worker):
         for _ in range(self.cfg.ppo_epochs):
             for minibatch in batch.split(ta.per_device_train_batch_size * ta.gradient_accumulation_steps):
                 norm = global_normalizer(loss_mask(minibatch), self.cfg.loss_agg_mode, self.world_size)
+                token_norm = global_normalizer(loss_mask(minibatch), "token-mean", self.world_size)
                 for micro in minibatch.split(ta.per_device_train_batch_size):
                     values = response_values(self.strategy.engine, micro)
                     per_token, clipped = clipped_value_loss(
@@ -58,7 +59,8 @@ class CriticWorker(Worker):
                     self.strategy.backward(loss)
                     self.strategy.step()
                     sums["value_loss"] += float(loss.detach())
-                    sums["value_clipfrac"] += float(aggregate_loss(clipped, mask, self.cfg.loss_agg_mode, norm, scale))
+                    # a fraction of tokens in every mode (see policy_objective)
+                    sums["value_clipfrac"] += float(aggregate_loss(clipped, mask, "token-mean", token_norm))
                 sums["grad_norm"] += self.strategy.grad_norm()
                 n += 1
         return {f"critic/{k}": v / n for k, v in sums.items()}

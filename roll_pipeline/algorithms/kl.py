@@ -14,6 +14,9 @@ import torch
 
 from roll_pipeline.algorithms.registry import KL_ESTIMATORS, register_kl, register_kl_controller
 
+# The largest per-token k3 estimate (kl_k3).
+K3_MAX = 10.0
+
 
 @register_kl("k1")
 def kl_k1(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
@@ -39,10 +42,14 @@ def kl_k2(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
 def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     """exp(log q - log p) - (log q - log p) - 1: unbiased and never negative (GRPO's choice).
 
-    The log-ratio is clamped to [-20, 20] so a token the reference finds impossible cannot overflow.
+    Bounded by K3_MAX per token. Unbounded, a token the policy finds far less likely than the reference (log q -
+    log p = 20) adds e^20 = 5e8 to the loss with a gradient growing like e^(log q - log p), and one such token
+    swamps the batch's update. The estimate is clamped to [0, K3_MAX] (verl clamps it the same way), so such a
+    token's term is constant and gives no gradient; the log-ratio is also clamped to [-20, 20] first so that exp
+    cannot overflow.
     """
     log_ratio = (ref_log_probs - log_probs).clamp(-20.0, 20.0)
-    return log_ratio.exp() - log_ratio - 1.0
+    return (log_ratio.exp() - log_ratio - 1.0).clamp(max=K3_MAX)
 
 
 def kl_penalty_rewards(

@@ -13,6 +13,8 @@ import torch
 from roll_pipeline.algorithms.registry import register_policy_loss
 
 MAX_LOG_RATIO = 20.0
+# GSPO's cap on a sequence's log-ratio (gspo_loss).
+GSPO_MAX_LOG_RATIO = 10.0
 
 
 def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
@@ -71,10 +73,19 @@ def gspo_loss(
     Per token the ratio is sg[s] * pi_t / sg[pi_t], whose value is s and whose gradient is s * grad log pi_t, so
     with loss_agg_mode seq-mean-token-mean (the paper's) the gradient is exactly that of the sequence objective.
     The paper's clip ranges are tiny (3e-4 / 4e-4) because s is a per-token geometric mean.
+
+    log s is the mean of the raw token log-ratios: clamping each token first (as the token-level losses do) would
+    make s other than the geometric mean whenever one token moved far, e.g. a token at -50 among 9 at 0 gives
+    s = e^-5, and clamped to -20 it would give e^-2, so the sequence would count as closer to the old policy than
+    it is. Only the sequence's log-ratio is capped, at GSPO_MAX_LOG_RATIO, so that exp cannot overflow (verl caps
+    it the same way); below, exp(log s) goes to 0 and needs no bound.
     """
     log_ratio = _log_ratio(log_probs, old_log_probs)
-    seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-    token_log_ratio = (log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
+    raw = torch.where(mask > 0, log_probs - old_log_probs, torch.zeros_like(log_probs))
+    seq_log_ratio = raw.sum(-1) / mask.sum(-1).clamp(min=1.0)
+    token_log_ratio = (log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(
+        max=GSPO_MAX_LOG_RATIO
+    )
     ratio = token_log_ratio.exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
