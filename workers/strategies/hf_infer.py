@@ -59,7 +59,9 @@ class HFInferStrategy:
         self.pad_id = self.tokenizer.pad_token_id
 
     def generation_config(self, args: GeneratingArgs, num_return_sequences: int) -> GenerationConfig:
-        sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k or None}
+        # top_k 0 is passed as 0, never None: generate fills a None from its defaults (top_k 50), which would
+        # silently sample from a truncated distribution that the trainer's log-probs do not match.
+        sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
         return GenerationConfig(
             max_new_tokens=args.max_new_tokens,
             do_sample=args.do_sample,
