@@ -4,6 +4,8 @@ tests/test_mlflow_server.py's `trained` run.)"""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import ray
 import torch
@@ -67,7 +69,14 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         rollout = pipeline.rollout()
         batch = rollout.batch
         assert len(batch) == 4 * 4
-        assert set(batch.meta["domain"]) == {"math", "code"}
+        # domain_interleave_probs math 0.75, code 0.25 of rollout_batch_size 4: 3 math prompts and 1 code prompt,
+        # each with its group of 4, every group from one domain, and each row from its domain's data
+        # (the example data's ids start with the domain's name)
+        assert pipeline.resolved.domain_shares == {"math": 3, "code": 1}
+        domains = batch.meta["domain"]
+        assert Counter(domains) == {"math": 12, "code": 4}
+        assert all(len(set(domains[g * 4 : g * 4 + 4])) == 1 for g in range(4))
+        assert all(row_id.startswith(f"{d}-") for d, row_id in zip(domains, batch.meta["id"], strict=True))
         assert batch["group_ids"].tolist() == [g for g in range(4) for _ in range(4)]
         assert not pipeline.cfg.update_gives_old_log_probs
         batch = pipeline.compute_log_probs(batch)
