@@ -118,6 +118,7 @@ def trained(tmp_path_factory, tiny_model, mlflow_db):
                     str(EXAMPLES / "math_code.yaml"),
                     *SMALL,
                     *SAMPLED_K2,
+                    "tracking.sample_rows_per_tag=100",  # every response, so the metrics can be recomputed
                     "max_steps=2",
                     "eval_steps=1",
                     "save_steps=2",
@@ -185,16 +186,29 @@ def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, caps
     logged = json.loads(tags["mlflow.loggedArtifacts"])
     assert {"path": table_file(2), "type": "table"} in logged
 
-    # the sample table: the first 3 responses of every tag, with a verdict that matches the reward
-    split = json.loads(Path(client.download_artifacts(run_id, table_file(2), str(tmp_path))).read_text())
-    rows = [dict(zip(split["columns"], row, strict=True)) for row in split["data"]]
-    assert sorted({r["tag"] for r in rows}) == VAL_TAGS
-    assert all(sum(r["tag"] == tag for r in rows) <= 3 for tag in VAL_TAGS)
-    for r in rows:
-        assert r["prompt"] and r["response"] is not None
-        assert r["verdict"] in {"correct", "wrong", "masked"}
-        if r["domain"] == "math" and r["verdict"] != "masked":
-            assert r["reward"] == (1.0 if r["verdict"] == "correct" else 0.0)
+    # the sample table (every response: sample_rows_per_tag is above the count), with a verdict that matches the
+    # reward, and the logged accuracies recomputed from it at every validation step
+    for step in (0, 1, 2):
+        split = json.loads(Path(client.download_artifacts(run_id, table_file(step), str(tmp_path))).read_text())
+        rows = [dict(zip(split["columns"], row, strict=True)) for row in split["data"]]
+        assert len(rows) == 2 * 4 * 2  # domains x validation.max_prompts x num_samples
+        assert sorted({r["tag"] for r in rows}) == VAL_TAGS
+        for r in rows:
+            assert r["prompt"] and r["response"] is not None
+            assert r["verdict"] in {"correct", "wrong", "masked"}
+            if r["verdict"] != "masked":  # right only with full marks (code's fraction of tests included)
+                assert (r["verdict"] == "correct") == (r["reward"] == 1.0), r
+        for scope, members in [("all", rows), *((t, [r for r in rows if r["tag"] == t]) for t in VAL_TAGS)]:
+            verdicts = [r["verdict"] for r in members if r["verdict"] != "masked"]
+            want = sum(v == "correct" for v in verdicts) / len(verdicts)
+            (got,) = [m.value for m in client.get_metric_history(run_id, f"val_correct/{scope}/mean") if m.step == step]
+            assert got == pytest.approx(want), (step, scope)
+        for domain in ("math", "code"):
+            verdicts = [r["verdict"] for r in rows if r["domain"] == domain and r["verdict"] != "masked"]
+            (got,) = [
+                m.value for m in client.get_metric_history(run_id, f"val_domain/{domain}/correct_mean") if m.step == step
+            ]
+            assert got == pytest.approx(sum(v == "correct" for v in verdicts) / len(verdicts)), (step, domain)
     chart = Path(client.download_artifacts(run_id, CHART_FILE, str(tmp_path)))
     assert chart.read_bytes().startswith(b"\x89PNG")
 

@@ -189,3 +189,37 @@ def test_rollout_metrics():
 
 def test_empty_records_give_nan_not_errors():
     assert math.isnan(validation_metrics([])["val_correct/all/mean"])
+
+
+def test_accuracy_is_the_reward_workers_verdict_not_a_positive_score():
+    """Partial credit (code's fraction of tests passed, a format bonus) is a reward, not a right answer: a response
+    scored 0.5 and judged wrong counts as wrong in every accuracy, and the records the pipeline builds from a batch
+    carry the reward worker's verdict."""
+    import torch
+
+    from roll_pipeline.batch import Batch
+    from roll_pipeline.pipeline import RLVRPipeline
+    from roll_pipeline.report import sample_table
+
+    batch = Batch(
+        {"scores": torch.tensor([1.0, 0.5, 0.25, 0.0]), "response_mask": torch.ones(4, 3)},
+        {
+            "id": ["p0", "p0", "p1", "p1"],
+            "domain": ["code"] * 4,
+            "tag": ["list"] * 4,
+            "response_text": ["a", "b", "c", "d"],
+            "correct": [True, False, False, None],
+            "finish_reason": ["stop"] * 4,
+        },
+    )
+    records = RLVRPipeline._records(batch)
+    assert [r["correct"] for r in records] == [True, False, False, None]
+    assert [r["masked"] for r in records] == [False, False, False, True]
+    m = validation_metrics(records)
+    assert m["val_correct/all/mean"] == pytest.approx(1 / 3)
+    assert m["val_correct/list/pass_at_1"] == pytest.approx((1 / 2 + 0) / 2)
+    assert m["val_domain/code/correct_mean"] == pytest.approx(1 / 3)
+    r = rollout_metrics("code", records)
+    assert r["reward/code/correct"] == pytest.approx(1 / 3)
+    assert r["reward/code/score"] == pytest.approx(1.75 / 3)
+    assert sample_table(records, 10)["verdict"] == ["correct", "wrong", "wrong", "masked"]
