@@ -36,7 +36,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import GeneratingArgs, PipelineConfig
-from schedulers.filters import apply_group_filters, apply_response_filters
+from schedulers.filters import filter_group
 from workers.actor_infer import StaleWeightsError
 from workers.rewards.worker import MASK_WORKER_LOST, domain_metrics, masked_result
 
@@ -272,13 +272,7 @@ class DynamicSamplingScheduler:
         texts = self._decode(output)
         results = await self._score([self.rows[index]] * len(texts), texts)
         group = Group(index, order, output, texts, results, generate_s=t1 - t0, reward_s=time.perf_counter() - t1)
-        records = self._records(group)
-        group.rejected = apply_response_filters(records, self.response_filters)
-        survivors = [r for r, why in zip(records, group.rejected, strict=True) if why is None]
-        if self.response_filters and not survivors:
-            group.dropped_by = "response_filters"
-        else:
-            group.dropped_by = apply_group_filters(survivors, self.group_filters)
+        group.rejected, group.dropped_by = filter_group(self._records(group), self.response_filters, self.group_filters)
         return group
 
     async def _score(self, rows: list[dict[str, Any]], texts: list[str]) -> list[dict[str, Any]]:

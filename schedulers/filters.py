@@ -98,3 +98,18 @@ def apply_group_filters(group: list[dict[str, Any]], specs: Mapping[str, Mapping
         if not GROUP_FILTERS.get(name)(group, **params):
             return name
     return None
+
+
+def filter_group(
+    records: list[dict[str, Any]],
+    response_specs: Mapping[str, Mapping[str, Any]],
+    group_specs: Mapping[str, Mapping[str, Any]],
+) -> tuple[list[str | None], str | None]:
+    """One scored group through both kinds of filter: each response's rejecting response filter (or None), and
+    what dropped the group (None: kept). The group filters see only the responses that stayed; a group whose
+    responses were all rejected is dropped by "response_filters"."""
+    rejected = apply_response_filters(records, response_specs)
+    survivors = [r for r, why in zip(records, rejected, strict=True) if why is None]
+    if response_specs and not survivors:
+        return rejected, "response_filters"
+    return rejected, apply_group_filters(survivors, group_specs)

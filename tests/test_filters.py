@@ -10,6 +10,7 @@ from schedulers.filters import (
     apply_group_filters,
     apply_response_filters,
     check_filters,
+    filter_group,
     mean_filter,
     std_filter,
     truncated,
@@ -77,3 +78,20 @@ def test_check_filters_names_unknown_filters_and_parameters():
 @pytest.mark.parametrize("name", GROUP_FILTERS.names())
 def test_every_group_filter_has_a_docstring(name):
     assert GROUP_FILTERS.get(name).__doc__
+
+
+def test_group_filters_see_only_the_responses_the_response_filters_kept():
+    """Two finished right answers and two truncated wrong ones: with the truncated ones out of the loss, the group
+    has no spread left and std_filter drops it. Seeing all four, it would keep it."""
+    records = group(1.0, 1.0) + group(0.0, 0.0, finish="length")
+    assert std_filter(records)  # the whole group has spread
+    rejected, dropped_by = filter_group(records, {"truncated": {}}, {"std_filter": {}})
+    assert rejected == [None, None, "truncated", "truncated"]
+    assert dropped_by == "std_filter"
+    # the other way round: the kept responses have spread, the rejected ones alone would not
+    records = group(1.0, 0.0) + group(1.0, 1.0, finish="length")
+    assert not mean_filter(records, low=0.0, high=0.6)  # the whole group's mean is 0.75
+    assert filter_group(records, {"truncated": {}}, {"mean_filter": {"low": 0.0, "high": 0.6}})[1] is None
+    # every response rejected: dropped by the response filters; no response filter: all seen
+    assert filter_group(group(1.0, 0.0, finish="length"), {"truncated": {}}, {})[1] == "response_filters"
+    assert filter_group(group(1.0, 0.0, finish="length"), {}, {"std_filter": {}}) == ([None, None], None)
