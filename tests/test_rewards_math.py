@@ -323,6 +323,29 @@ def test_numeric_tolerance(scorer):
     assert scorer.score("The answer is 0.3333333", "0.33333333").correct
     assert not scorer.score("The answer is 0.333", "0.33333333").correct
     assert answers_match("1000000.5", "1000000.4999999")
+    # within a relative 1e-6 of a non-integer, nothing wider
+    assert answers_match("2.5000001", "2.5") and answers_match("2.4999976", "2.5")
+    assert not answers_match("2.5001", "2.5") and not answers_match("2.50001", "2.5")
+
+
+@pytest.mark.parametrize(
+    ("answer", "ground_truth", "right"),
+    [
+        ("3", "3", True),
+        ("3.0", "3", True),
+        ("3.", "3", True),
+        ("3.0002", "3", False),
+        ("3.000001", "3", False),
+        ("2.9999999", "3", False),
+        ("8888889", "8888888", False),  # within 1e-6 relative, still another integer
+        ("4000001.0", "4000000", False),
+        ("-7", "-7.0", True),
+        ("1,000,000", "1000000", True),
+    ],
+)
+def test_an_integer_answer_must_be_that_integer(scorer, answer, ground_truth, right):
+    assert answers_match(answer, ground_truth) is right
+    assert scorer.score(f"The answer is {answer}", ground_truth).correct is right
 
 
 @pytest.mark.parametrize("ground_truth", ["  ", None])

@@ -11,7 +11,8 @@ found by the first extractor of ``extract_order`` that finds one:
 - ``last_number``: the last number in the text.
 
 Verification: two plain numbers (``57``, ``57.0``, ``1,234``, ``$-3$``, ``3/4``, ``25%``) are compared by
-value with a small tolerance (a percentage also as its fraction: ``25%`` equals ``25`` and ``0.25``); anything
+value: an integer exactly, anything else within a relative 1e-6 (a percentage also as its fraction: ``25%``
+equals ``25`` and ``0.25``); anything
 else goes through math-verify, symbolically (``\\frac{1}{2}`` and ``0.5``, ``x = 3`` and ``3``, sets,
 intervals, LaTeX and plain text). Units after a number (``12 cm``, ``\\text{ dollars}``, ``90^\\circ``) and
 thousands separators (``1,234``, ``1{,}234``, ``1\\,234``) do not change the value.
@@ -215,12 +216,20 @@ def _math_verify_equal(answer: str, ground_truth: str) -> bool:
     return bool(verify(gold, predicted, timeout_seconds=None))
 
 
+def numbers_match(got: float, expected: float) -> bool:
+    """An integer answer must be that integer (3.0 is 3; 8888889 is not 8888888, though within 1e-6 of it); any
+    other value is right within a relative 1e-6 (a rounded 0.3333333 for 0.33333333)."""
+    if expected.is_integer():
+        return got == expected
+    return math.isclose(got, expected, rel_tol=_REL_TOL, abs_tol=_ABS_TOL)
+
+
 def answers_match(answer: str, ground_truth: str) -> bool:
     """Whether an extracted answer equals the ground truth: by value for plain numbers, else math-verify."""
     answer, ground_truth = normalize_answer(answer), normalize_answer(ground_truth)
     expected, got = _number_values(ground_truth), _number_values(answer)
     if expected is not None and got is not None:
-        return any(math.isclose(g, e, rel_tol=_REL_TOL, abs_tol=_ABS_TOL) for g in got for e in expected)
+        return any(numbers_match(g, e) for g in got for e in expected)
     return _math_verify_equal(answer, ground_truth)
 
 
