@@ -31,7 +31,28 @@ TIMING = ("time/", "system/", "memory/")
 TIMING_SUFFIXES = ("_s", "_mb")
 
 
-def config(tmp_path: Path, tiny_model: Path) -> Path:
+# How each variant differs from the synchronous, deterministic GRPO run.
+VARIANTS = {
+    "sync": {},
+    # One step ahead, the KL penalty in the reward with an adaptive coefficient, and unseeded sampling: what the
+    # resumed run must restore beyond the sync run is the rollout generated ahead (saved with the checkpoint), the
+    # controller's coefficient, and actor_infer's RNG states, which unseeded sampling draws from (one request in
+    # flight, so the draws come in a fixed order and the run is still reproducible).
+    "async_adaptive_kl_unseeded": {
+        "deterministic": False,
+        "async_generation_ratio": 1.0,
+        "infer_is_cap": 2.0,
+        "add_token_level_kl": True,
+        "kl_ctrl": "adaptive",
+        "init_kl_coef": 0.05,
+        "target_kl": 0.001,
+        "kl_horizon": 100,
+        "dynamic_sampling": {"max_running_requests": 1},
+    },
+}
+
+
+def config(tmp_path: Path, tiny_model: Path, variant: str = "sync") -> Path:
     cfg = yaml.safe_load((EXAMPLES / "grpo.yaml").read_text())
     rows = (EXAMPLES / "data" / "math_train.jsonl").read_text().splitlines()[:24]
     data = tmp_path / "math.jsonl"
@@ -52,6 +73,7 @@ def config(tmp_path: Path, tiny_model: Path) -> Path:
     cfg["validation"] = {**cfg.get("validation", {}), "max_prompts": 8}
     cfg["actor_infer"]["generating_args"]["max_new_tokens"] = 16
     cfg["actor_train"]["training_args"] |= {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}
+    cfg |= VARIANTS[variant]
     path = tmp_path / "resume.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -99,8 +121,9 @@ def is_timing(key: str) -> bool:
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(tmp_path, tiny_model, mlflow_db):
-    cfg = config(tmp_path, tiny_model)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(variant, tmp_path, tiny_model, mlflow_db):
+    cfg = config(tmp_path, tiny_model, variant)
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     for out in (straight, crashed):  # roll_run's stores, made new and empty
         mlflow_db(Path(f"{out}.db"))
@@ -140,6 +163,11 @@ def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(tmp_path, tiny_
     assert b["__status__"] == [(0, "FINISHED")]
     compared = [k for k in a if k != "__status__" and not is_timing(k)]
     assert {"val_correct/all/mean", "actor/pg_loss", "actor/entropy", "actor/lr", "reward/math/score"} <= set(compared)
+    if variant != "sync":
+        assert {"kl_penalty/coef", "offpolicy/staleness"} <= set(compared)
+        coefs = [v for _, v in a["kl_penalty/coef"]]
+        assert len(set(coefs)) == len(coefs), f"the adaptive coefficient moves every step: {coefs}"
+        assert [v for _, v in a["offpolicy/staleness"]] == [0.0] + [1.0] * (STEPS - 1)
     assert any(k.startswith("scheduler/math/prompts_drawn") for k in compared)
     for key in a:
         if key == "__status__":
