@@ -22,16 +22,18 @@ CLIP_LOW, CLIP_HIGH, DUAL_C = 0.2, 0.28, 3.0
 KL_COEF, ENTROPY_COEF, SCALE = 0.3, 0.07, 7
 
 
-def config(loss: str, estimator: str, mode: str, *extra: str):
-    return load_config(
-        EXAMPLES / "math_code.yaml",
-        [
-            f"policy_loss={loss}", f"kl_estimator={estimator}", f"loss_agg_mode={mode}",
-            f"pg_clip_low={CLIP_LOW}", f"pg_clip_high={CLIP_HIGH}", f"dual_clip_c={DUAL_C}",
-            "use_kl_loss=true", f"kl_loss_coef={KL_COEF}", f"entropy_loss_coef={ENTROPY_COEF}",
-            f"loss_scale_factor={SCALE}", *extra,
-        ],
-    ).config
+def objective_overrides(loss: str, estimator: str, mode: str) -> list[str]:
+    """Config overrides that set the objective to the constants the reference uses."""
+    return [
+        f"policy_loss={loss}", f"kl_estimator={estimator}", f"loss_agg_mode={mode}",
+        f"pg_clip_low={CLIP_LOW}", f"pg_clip_high={CLIP_HIGH}", f"dual_clip_c={DUAL_C}",
+        "use_kl_loss=true", f"kl_loss_coef={KL_COEF}", f"entropy_loss_coef={ENTROPY_COEF}",
+        f"loss_scale_factor={SCALE}",
+    ]
+
+
+def config(loss: str, estimator: str, mode: str):
+    return load_config(EXAMPLES / "math_code.yaml", objective_overrides(loss, estimator, mode)).config
 
 
 def inputs(seed: int):
@@ -64,8 +66,9 @@ def clip(x, low, high):
 def reference_policy_terms(loss: str, lp, old, adv, valid):
     """Per-token policy-gradient terms (lists of lists of 0-d tensors) for the valid tokens."""
     terms = []
-    for i in range(N):
-        tokens = [t for t in range(WIDTH) if valid[i][t]]
+    rows, width = lp.shape
+    for i in range(rows):
+        tokens = [t for t in range(width) if valid[i][t]]
         row = {}
         if loss == "gspo":  # one ratio per response, the geometric mean of its token ratios
             mean = sum(float(lp[i, t] - old[i, t]) for t in tokens) / max(len(tokens), 1)
@@ -126,7 +129,9 @@ def reference_aggregate(mode: str, terms: list[dict]):
 
 
 def reference_objective(loss: str, estimator: str, mode: str, lp, entropy, batch: Batch):
-    valid = [[bool(batch["response_mask"][i, t]) and bool(batch["sample_mask"][i]) for t in range(WIDTH)] for i in range(N)]
+    """The whole objective, with the constants `config` sets; returns it and its pg_loss and kl_loss parts."""
+    rows, width = lp.shape
+    valid = [[bool(batch["response_mask"][i, t]) and bool(batch["sample_mask"][i]) for t in range(width)] for i in range(rows)]
     pg = reference_policy_terms(loss, lp, batch["old_log_probs"], batch["advantages"], valid)
     weights = batch["infer_is_weights"]
     pg = [{t: v * float(weights[i, t]) for t, v in row.items()} for i, row in enumerate(pg)]
