@@ -99,9 +99,9 @@ def assert_scorer_still_works(scorer):
 
 @pytest.mark.slow
 def test_infinite_loop(scorer):
-    result, elapsed = score_hostile(scorer, "def square(x):\n    while True:\n        pass\n", SQUARE_ASSERTS)
+    # the loop never ends: that the scorer returned at all, with this verdict, is the timeout at work
+    result, _ = score_hostile(scorer, "def square(x):\n    while True:\n        pass\n", SQUARE_ASSERTS)
     assert first_failure(result) == "timeout"
-    assert elapsed < 6.0
 
 
 @pytest.mark.slow
@@ -116,7 +116,9 @@ def square(x):
 """
     result, elapsed = score_hostile(scorer, code, SQUARE_CALLS)
     assert first_failure(result) == "timeout"
-    assert elapsed < 6.0
+    # The children sleep over 7000 s holding the output pipe: a scorer that waited for them would take that long.
+    # The bound is far from both that and the 2 s timeout, so no machine's speed decides it.
+    assert elapsed < 600
 
 
 def test_child_that_calls_setsid_to_escape(scorer):
@@ -181,16 +183,16 @@ print(n)
     ids=["one-allocation", "gradual", "in-the-call"],
 )
 def test_memory_bomb(scorer, code):
-    result, elapsed = score_hostile(scorer, code, SQUARE_CALLS)
+    result, _ = score_hostile(scorer, code, SQUARE_CALLS)
     assert first_failure(result) == "memory_limit"
-    assert elapsed < 6.0
 
 
-def test_a_gigabyte_of_output(scorer):
-    code = "import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * (1 << 20))\n"
-    result, elapsed = score_hostile(scorer, code, SUM_STDIO)
+def test_endless_output(scorer):
+    """A program that writes without end: only the output limit can end it before the timeout, so the verdict
+    shows the limit cut it (no duration is compared)."""
+    code = "import sys\nwhile True:\n    sys.stdout.write('x' * (1 << 20))\n"
+    result, _ = score_hostile(scorer, code, SUM_STDIO)
     assert first_failure(result) == "output_limit"
-    assert elapsed < 2.0
 
 
 def test_filling_the_disk(scorer):

@@ -3,6 +3,7 @@ rule reward, the redraw bound, aborts, data order, and the overlap of generation
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 
@@ -35,11 +36,13 @@ class ScriptedInfer:
     abort (the scheduler's logic is under test here, not generation). The k-th request of a step takes
     `delay_s * (1 + k % 8)`, so requests sent together finish one after another."""
 
-    def __init__(self, delay_s: float = 0.0, reverse: bool = False) -> None:
+    def __init__(self, delay_s: float = 0.0, reverse: bool = False, hold_from: int | None = None) -> None:
         self.tok = AutoTokenizer.from_pretrained(str(TINY_MODEL))
         self.delay_s = delay_s
         self.reverse = reverse
         """Make the k-th request take `delay_s * (8 - k % 8)`: the later drawn, the sooner done."""
+        self.hold_from = hold_from
+        """Requests k >= hold_from answer only when aborted (60 s at most): in flight whatever the timing."""
         self.seeds: dict[str, int | None] = {}
         self.requests: list[str] = []
         self.aborted: list[str] = []
@@ -49,6 +52,8 @@ class ScriptedInfer:
         self.seeds[request_id] = seed
         k = int(request_id.rsplit("/", 1)[1])
         delay = self.delay_s * ((8 - k % 8) if self.reverse else (1 + k % 8))
+        if self.hold_from is not None and k >= self.hold_from:
+            delay = 60.0
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline:
             if request_id in self.aborted:
@@ -137,8 +142,10 @@ def scheduler(cfg, rows, infer, reward_spec="math_rule", reward_options=None, va
     return actor, reward
 
 
-def scripted(delay_s=0.0, concurrency=64, reverse=False):
-    return [ray.remote(ScriptedInfer).options(num_cpus=0, max_concurrency=concurrency).remote(delay_s, reverse)]
+def scripted(delay_s=0.0, concurrency=64, reverse=False, hold_from=None):
+    return [
+        ray.remote(ScriptedInfer).options(num_cpus=0, max_concurrency=concurrency).remote(delay_s, reverse, hold_from)
+    ]
 
 
 def draw_order(cfg, n_rows, k):
@@ -241,10 +248,11 @@ def test_redraw_bound_can_stop_the_run(local_ray):
 def test_in_flight_requests_are_aborted_when_the_batch_is_full(local_ray):
     cfg = config(["dynamic_sampling.max_running_requests=6", "dynamic_sampling.max_prompts_factor=4"],
                  group_filters="{std_filter: {}}")
-    infer = scripted(delay_s=0.1)
+    infer = scripted(hold_from=2)
     actor, _ = scheduler(cfg, rows_of(["half"] * 20), infer)
     # A low pass-rate estimate (as after many drops) makes the scheduler keep 6 prompts in flight for a share of 2;
-    # the k-th request takes 0.1 * (k + 1) s, so requests 0 and 1 pass first and 2..5 are still running.
+    # requests 0 and 1 answer at once and 2.. answer only when aborted, so 2..5 are still running, whatever the
+    # machine's speed.
     state = ray.get(actor.state_dict.remote())
     ray.get(actor.load_state_dict.remote({**state, "pass_rate": 0.2}))
     batch, m = ray.get(actor.get_batch.remote(2, N, ARGS))
@@ -262,44 +270,57 @@ def test_in_flight_requests_are_aborted_when_the_batch_is_full(local_ray):
     assert m2["scheduler/math/groups_kept"] == 2 and len(batch2) == 2 * N
 
 
+class GatedInfer(ScriptedInfer):
+    """ScriptedInfer whose requests after the first hold their answer until a reward has been computed (the
+    scorer writes `gate`): generation can only go on if scoring started while generation was still under way.
+    `waited_out` lists the requests that gave up waiting (at `limit_s`, a bound on a hang, not a measure)."""
+
+    def __init__(self, gate: str, limit_s: float = 60.0) -> None:
+        super().__init__()
+        self.gate, self.limit_s = gate, limit_s
+        self.waited_out: list[str] = []
+
+    def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None):
+        if not request_id.endswith("/0"):
+            deadline = time.monotonic() + self.limit_s
+            while not os.path.exists(self.gate):
+                if time.monotonic() > deadline:
+                    self.waited_out.append(request_id)
+                    break
+                time.sleep(0.01)
+        return super().generate_request(request_id, prompts, args, n, seed, weights_version)
+
+    def gave_up(self):
+        return list(self.waited_out)
+
+
+class GateScorer(RewardScorer):
+    """Scores like math_rule on "1", after marking (the file `gate`) that a reward was computed."""
+
+    def __init__(self, gate: str, **options):
+        super().__init__(**options)
+        self.gate = gate
+
+    def score(self, response, ground_truth, **fields):
+        open(self.gate, "a").close()  # noqa: SIM115
+        return RewardResult(score=float(response.strip().endswith("1")), correct=response.strip().endswith("1"))
+
+
 @pytest.mark.slow
-def test_generation_and_reward_overlap(local_ray, tiny_model):
-    """Real actor_infer on the tiny model, a reward that sleeps a known time per sample. The overlapped step must
-    take clearly less than generation and reward one after the other, both measured here."""
-    from workers.actor_infer import ActorInferWorker
-
-    cfg = config(["dynamic_sampling.max_running_requests=4", "actor_infer.torch_threads=1"])
-    infer = Cluster(
-        "actor_infer", ActorInferWorker, world_size=1, num_cpus=0, num_gpus=0,
-        worker_kwargs={"pipeline_config": cfg}, max_concurrency=ActorInferWorker.MAX_CONCURRENCY,
-    )
-    from roll_pipeline.data.loading import load_rows
-
-    rows = load_rows(str(EXAMPLES / "data" / "math_train.jsonl"))[:256]
-    args = GeneratingArgs(max_new_tokens=32)
-    share = 32
-    spec = "tests.test_dynamic_sampling:SleepyScorer"
-
-    def timed(actor):
-        t0 = time.perf_counter()
-        ray.get(actor.get_batch.remote(share, N, args))
-        return time.perf_counter() - t0
-
-    fast, _ = scheduler(cfg, rows, infer.workers, spec, {"sleep_s": 0.0})
-    timed(fast)  # warm-up
-    generation_only = min(timed(fast) for _ in range(2))
-    # A reward that takes as long as generation: done one after the other, the step would take twice as long.
-    sleep_per_sample = generation_only / (share * N)
-    slow, slow_reward = scheduler(cfg, rows, infer.workers, spec, {"sleep_s": sleep_per_sample})
-    ray.get([slow.state_dict.remote(), slow_reward.workers[0].score_batch.remote([])])  # both actors up
-    reward_only = share * N * sleep_per_sample
-    overlapped = min(timed(slow) for _ in range(2))
-    sequential = generation_only + reward_only
-    print(f"generation {generation_only:.2f}s + reward {reward_only:.2f}s = {sequential:.2f}s; "
-          f"overlapped {overlapped:.2f}s (ratio {overlapped / sequential:.2f})")
-    assert overlapped < 0.8 * sequential
-    # actor_infer joined concurrent requests into batches larger than one group.
-    assert max(ray.get(infer.workers[0].batch_sizes.remote())) > N
+def test_generation_and_reward_overlap(local_ray, tmp_path):
+    """Scoring starts while generation is still under way: four requests go out at once, and the three after the
+    first answer only once a reward has been computed. A scheduler that scored only after all generation would
+    leave them waiting. Events, not durations."""
+    cfg = config(["dynamic_sampling.max_running_requests=4"])
+    gate = str(tmp_path / "a_reward_was_computed")
+    infer = [ray.remote(GatedInfer).options(num_cpus=0, max_concurrency=64).remote(gate)]
+    spec = "tests.test_dynamic_sampling:GateScorer"
+    actor, _ = scheduler(cfg, rows_of(["half"] * 8), infer, spec, {"gate": gate})
+    batch, metrics = ray.get(actor.get_batch.remote(4, N, ARGS))
+    assert len(batch) == 4 * N
+    requests, _ = ray.get(infer[0].log.remote())
+    assert len(requests) >= 4
+    assert ray.get(infer[0].gave_up.remote()) == [], "generation waited for a reward that never came"
 
 
 @pytest.mark.slow

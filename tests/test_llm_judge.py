@@ -306,16 +306,15 @@ def test_a_slow_judge_times_out_and_each_attempt_is_bounded():
 def test_total_timeout_stops_the_retries():
     """50 retries allowed, 0.2 s apart at the least, within a total of 0.5 s: at most 1 + 0.5 / 0.2 attempts
     however fast the machine (a slow one makes fewer), never the 51 the retries alone allow."""
-    with StubJudge(_answer("down", status=503)) as stub:
-        with pytest.raises(JudgeUnreachable):
-            LLMJudgeScorer(
-                base_url=stub.url,
-                model="stub",
-                max_retries=50,
-                backoff_s=0.2,
-                backoff_max_s=0.2,
-                total_timeout_s=0.5,
-            ).score("cold", "cold")
+    with StubJudge(_answer("down", status=503)) as stub, pytest.raises(JudgeUnreachable):
+        LLMJudgeScorer(
+            base_url=stub.url,
+            model="stub",
+            max_retries=50,
+            backoff_s=0.2,
+            backoff_max_s=0.2,
+            total_timeout_s=0.5,
+        ).score("cold", "cold")
     assert 1 <= stub.requests <= 4
 
 

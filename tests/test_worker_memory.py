@@ -1,6 +1,7 @@
 """release_free_memory hands a process's freed C-heap pages back to the OS (the soak's actor_infer creep)."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,7 +36,11 @@ print(json.dumps({"freed_mb": (freed - base) / 2**20, "trimmed_mb": (trimmed - b
 
 
 def test_freed_heap_pages_below_a_live_block_stay_resident_until_released():
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True)
+    # glibc's malloc settings pinned to its defaults (a host may set others through the environment), one arena
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"
+    } | {"GLIBC_TUNABLES": "glibc.malloc.arena_max=1:glibc.malloc.trim_threshold=131072:glibc.malloc.mmap_threshold=131072"}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True, env=env)
     mb = json.loads(out.stdout.strip().splitlines()[-1])
     assert mb["freed_mb"] > 120, mb  # freed, yet resident
     assert mb["trimmed_mb"] < 20, mb  # handed back
