@@ -50,6 +50,15 @@ soak: model
 test-fast: model
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# Mutation testing of the core with cosmic-ray (mutation/run.py; results in MUTATION.md). Not part of `make test`:
+# every target takes minutes to an hour on 2 cores. MODULES=path/to/module.py runs only those targets.
+.PHONY: mutation
+MODULES ?=
+mutation: install
+	$(BIN)/pip freeze | grep -v -E '^(-e| *#)| @ ' > $(VENV)/mutation-constraints.txt
+	$(BIN)/pip install --quiet -c $(VENV)/mutation-constraints.txt -e ".[mutation]"
+	$(BIN)/python -m mutation.run $(MODULES)
+
 # Debian's Chromium and ChromeDriver for the test that opens the MLflow UI (skipped when both are there).
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \

@@ -479,20 +479,23 @@ def test_kl_penalty_rewards_golden_values_and_mask():
     # k1 = [0.5, 0.5, (masked)] and [-1]: rewards - 0.1 * k1
     assert out.tolist() == [[pytest.approx(-0.05), pytest.approx(0.95), 0.0], [pytest.approx(0.1), 0.0, 0.0]]
     assert per_sample.tolist() == [pytest.approx(0.5), pytest.approx(-1.0)]
+    # a response with no valid token (left out of the loss) has no KL, not 0 / 0
+    _, per_sample = kl_penalty_rewards(rewards, logp, ref, torch.zeros(2, 3), coef=0.1, estimator="k1")
+    assert per_sample.tolist() == [0.0, 0.0]
 
 
 def test_kl_controllers():
     fixed = KL_CONTROLLERS.get("fixed")(kl_coef=0.1, target_kl=None, horizon=100)
     fixed.update(50.0, n_steps=10)
     assert fixed.value == 0.1
-    adaptive = KL_CONTROLLERS.get("adaptive")(kl_coef=0.1, target_kl=1.0, horizon=100)
-    adaptive.update(2.0, n_steps=10)  # error clipped to +0.2: * (1 + 0.2 * 10 / 100)
+    adaptive = KL_CONTROLLERS.get("adaptive")(kl_coef=0.1, target_kl=0.5, horizon=100)
+    adaptive.update(2.0, n_steps=10)  # error 2 / 0.5 - 1 clipped to +0.2: * (1 + 0.2 * 10 / 100)
     assert adaptive.value == pytest.approx(0.102)
-    adaptive.update(1.05, n_steps=10)  # error 0.05: * 1.005
+    adaptive.update(0.525, n_steps=10)  # error 0.525 / 0.5 - 1 = 0.05: * 1.005
     assert adaptive.value == pytest.approx(0.102 * 1.005)
     adaptive.update(0.0, n_steps=100)  # error clipped to -0.2: * 0.8
     assert adaptive.value == pytest.approx(0.102 * 1.005 * 0.8)
-    restored = KL_CONTROLLERS.get("adaptive")(kl_coef=0.5, target_kl=1.0, horizon=100)
+    restored = KL_CONTROLLERS.get("adaptive")(kl_coef=0.5, target_kl=0.5, horizon=100)
     restored.load_state_dict(adaptive.state_dict())
     assert restored.value == adaptive.value
 
@@ -508,6 +511,10 @@ def test_clipped_value_loss_golden_values():
     # 1: v moved 0.5 > 0.2 -> bounded 0.7, (0.7 - 2)^2 = 1.69 > 1; 2: within range, 1; 3: bounded 0.3, 0.09 > 0.04
     assert loss.tolist() == [[pytest.approx(0.845), pytest.approx(0.5), pytest.approx(0.045)]]
     assert clipped.tolist() == [[1.0, 0.0, 1.0]]
+    # moved away from the return by more than the clip: the bounded estimate is the closer one, the unclipped term
+    # the larger, so it is not counted as clipped
+    loss, clipped = clipped_value_loss(torch.tensor([[3.0]]), torch.tensor([[0.0]]), torch.tensor([[0.0]]), clip=0.2)
+    assert loss.tolist() == [[pytest.approx(4.5)]] and clipped.tolist() == [[0.0]]
     plain, none_clipped = clipped_value_loss(values, old, returns, clip=None)
     assert plain.tolist() == [[pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.02)]]
     assert none_clipped.sum() == 0
@@ -537,6 +544,20 @@ def test_aggregation_golden_values():
     assert float(aggregate_loss(loss, mask, "seq-mean-token-sum-norm")) == pytest.approx(1.0)  # scale: width 3
     assert batch_normalizer(mask, "token-mean") == 3.0
     assert all(batch_normalizer(mask, m) == 2.0 for m in MODES if m != "token-mean")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_aggregation_of_one_token_and_of_nothing(mode):
+    """The count divides as it is down to 1 (one token, one response: its own loss), and a batch with nothing in
+    the loss gives 0, not 0 / 0."""
+    loss = torch.tensor([[3.0, 7.0], [5.0, 11.0]])
+    one = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    want = 3.0 / (2 if mode == "seq-mean-token-sum-norm" else 1)
+    assert float(aggregate_loss(loss, one, mode, scale=2)) == pytest.approx(want)
+    assert float(aggregate_loss(loss, one, mode, batch_normalizer(one, mode), scale=2)) == pytest.approx(want)
+    nothing = aggregate_loss(loss, torch.zeros(2, 2), mode, scale=2)
+    assert float(nothing) == 0.0
+    assert batch_normalizer(torch.zeros(2, 2), mode) == 0.0
 
 
 def loop_aggregate(loss, mask, mode, scale):

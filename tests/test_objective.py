@@ -248,3 +248,63 @@ def test_diagnostics_are_fractions_of_tokens_in_every_mode(mode):
     for key, value in want.items():
         assert sums[key] == pytest.approx(value, rel=1e-5), key
     assert 0 <= sums["dual_clipfrac"] <= 1
+
+
+def reference_clipped(loss: str, lp, old, adv, mask) -> torch.Tensor:
+    """Where each loss reports a token as clipped, from its definition: PPO and GSPO where the clipped term is the
+    larger (so clipping changed it), CISPO where the weight was bounded, TOPR on negative tokens of a response
+    whose sequence ratio is above 1 (the weight was capped at 1)."""
+    out = torch.zeros_like(lp)
+    rows, width = lp.shape
+    for i in range(rows):
+        tokens = [t for t in range(width) if mask[i, t] > 0]
+        seq = sum(float(lp[i, t] - old[i, t]) for t in tokens)
+        for t in tokens:
+            a = float(adv[i, t])
+            r = math.exp(min(max(float(lp[i, t] - old[i, t]), -20.0), 20.0))
+            if loss == "ppo_clip":
+                flag = -a * min(max(r, 1 - CLIP_LOW), 1 + CLIP_HIGH) > -a * r
+            elif loss == "gspo":
+                s = math.exp(min(seq / len(tokens), 10.0))
+                flag = -a * min(max(s, 1 - CLIP_LOW), 1 + CLIP_HIGH) > -a * s
+            elif loss == "cispo":
+                flag = not (1 - CLIP_LOW <= r <= 1 + CLIP_HIGH)
+            elif loss == "topr":
+                flag = a < 0 and seq > 0
+            else:
+                raise AssertionError(f"no reference for policy loss {loss!r}: add one")
+            out[i, t] = float(flag)
+    return out
+
+
+@pytest.mark.parametrize("loss", POLICY_LOSSES.names())
+def test_each_losss_diagnostics_follow_its_definition_and_are_zero_under_the_mask(loss):
+    log_probs, _, batch = inputs(2)
+    mask = loss_mask(batch)
+    # padding holds values far from anything real: diagnostics must still be exactly 0 there
+    lp = torch.where(mask > 0, log_probs.detach(), torch.full_like(mask, -50.0))
+    old, adv = batch["old_log_probs"], batch["advantages"]
+    kwargs = {"clip_low": CLIP_LOW, "clip_high": CLIP_HIGH, "dual_clip_c": DUAL_C}
+    _, diag = POLICY_LOSSES.get(loss)(lp, old, adv, mask, **kwargs)
+    want = reference_clipped(loss, lp, old, adv, mask)
+    assert 0 < float(want.sum()) < float(mask.sum()), "the inputs clip some tokens and not others"
+    assert torch.equal(diag["clipped"], want), (loss, diag["clipped"], want)
+    log_ratio = (lp - old).clamp(-20, 20)
+    assert torch.allclose(diag["approx_kl"], -log_ratio * mask)
+    for name, values in diag.items():
+        assert torch.all(values[mask == 0] == 0), (loss, name)
+    if "dual_clipped" in diag:
+        capped = (adv < 0) & (torch.maximum(-adv * log_ratio.exp(), -adv * log_ratio.exp().clamp(1 - CLIP_LOW, 1 + CLIP_HIGH)) > -adv * DUAL_C)
+        assert torch.equal(diag["dual_clipped"], (capped & (mask > 0)).float())
+
+
+def test_a_token_log_ratio_beyond_20_counts_as_20():
+    """The ratio of a token is exp(log-ratio) with the log-ratio clamped to [-20, 20], so one token the policy
+    moved by 25 nats costs exactly e^20 (times -A), not e^25."""
+    mask, adv, old = torch.ones(1, 2), torch.full((1, 2), -1.0), torch.zeros(1, 2)
+    lp = torch.tensor([[25.0, -25.0]])
+    per_token, _ = POLICY_LOSSES.get("ppo_clip")(lp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    assert float(per_token[0, 0]) == pytest.approx(math.exp(20.0), rel=1e-5)
+    assert float(per_token[0, 1]) == pytest.approx(0.8, rel=1e-5)  # clipped from below: -A * (1 - 0.2)
+    per_token, _ = POLICY_LOSSES.get("cispo")(lp, old, adv, mask, clip_low=1.0, clip_high=1e12)
+    assert float(per_token[0, 0]) == pytest.approx(math.exp(20.0) * 25.0, rel=1e-5)  # -w A log pi, w = e^20

@@ -38,8 +38,9 @@ def token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: float | None = None
 
 
 def _seq_mean(seq_loss: torch.Tensor, mask: torch.Tensor, norm: float | None) -> torch.Tensor:
-    valid = (mask.sum(-1) > 0).to(seq_loss.dtype)
-    return (seq_loss * valid).sum() / _denominator(norm, count_sequences(mask), seq_loss)
+    """A response with no valid token has a sequence loss of 0 (its tokens are all masked), so summing every row
+    and dividing by the responses that count leaves it out."""
+    return seq_loss.sum() / _denominator(norm, count_sequences(mask), seq_loss)
 
 
 @register_aggregation("seq-mean-token-mean")

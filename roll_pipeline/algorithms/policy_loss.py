@@ -1,8 +1,9 @@
 """Policy-gradient losses, per token; the caller aggregates them with `aggregate_loss`.
 
 Every loss takes `(log_probs, old_log_probs, advantages, mask)`, all (B, R), and the keyword arguments
-`clip_low`, `clip_high` (the ratio is kept in [1 - clip_low, 1 + clip_high]) and `dual_clip_c` (None: off); each
-uses what it needs. It returns the per-token loss (B, R) and per-token diagnostics (B, R), zero under the mask:
+`clip_low`, `clip_high` (the ratio is kept in [1 - clip_low, 1 + clip_high]; no default: the config's pg_clip*
+decide, and each loss's docstring gives its paper's values) and `dual_clip_c` (None: off); each uses what it
+needs. It returns the per-token loss (B, R) and per-token diagnostics (B, R), zero under the mask:
 `clipped` (1 where clipping changed the token's term), `approx_kl` (k1 between the old and current policy).
 """
 
@@ -31,8 +32,8 @@ def ppo_clip_loss(
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_low: float,
+    clip_high: float,
     dual_clip_c: float | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -63,8 +64,8 @@ def gspo_loss(
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
+    clip_low: float,
+    clip_high: float,
     **_: object,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimisation (Zheng et al., arXiv:2507.18071): PPO's clip on the sequence-level ratio
@@ -99,8 +100,8 @@ def cispo_loss(
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = 1.0,
-    clip_high: float = 0.28,
+    clip_low: float,
+    clip_high: float,
     **_: object,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1, arXiv:2506.13585): -sg(clip(r, 1-clip_low, 1+clip_high)) A log pi.

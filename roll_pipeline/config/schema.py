@@ -7,9 +7,11 @@ paths and reports every problem at once. Field names follow ROLL's where they me
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from roll_pipeline.config.shares import domain_shares
 
 
 class ConfigError(ValueError):
@@ -715,19 +717,3 @@ class PipelineConfig:
                     f"divisible by per_device_train_batch_size * gradient_accumulation_steps * world_size "
                     f"= {per_step}",
                 )
-
-
-def domain_shares(probs: Mapping[str, float], total: int) -> dict[str, int]:
-    """Split `total` prompts by `probs` with the largest-remainder rule.
-
-    Each domain first gets floor(p * total); the prompts left over go one each to the domains with the largest
-    fractional parts, ties broken by the order of domain_interleave_probs. The result sums to `total` and does
-    not depend on anything but its arguments.
-    """
-    exact = {d: p * total for d, p in probs.items()}
-    shares = {d: int(x + 1e-9) for d, x in exact.items()}
-    left = total - sum(shares.values())
-    order = sorted(probs, key=lambda d: -(exact[d] - shares[d]))
-    for d in order[:left]:
-        shares[d] += 1
-    return shares

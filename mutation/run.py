@@ -1,0 +1,293 @@
+"""Mutation testing of the core with cosmic-ray: `python -m mutation.run [MODULE ...]` (`make mutation`).
+
+For each target of mutation/targets.toml (or the modules named), in a copy of the working tree (cosmic-ray edits
+the module it mutates in place): every mutant cosmic-ray's operators make of the module, each tested by running
+the target's test files in a fresh interpreter. A mutant is *killed* when the tests fail, *timed out* when they
+run past the limit (three times the unmutated run, at least 60 s; a mutant that loops counts as caught), and
+*survived* when they pass. Mutants inside annotations are not run: with `from __future__ import annotations` no
+annotation is evaluated, so they are equivalent by construction. As many mutants run at once as there are cores,
+each in its own copy (cosmic-ray's http workers). The results go to mutation/results/<module>.json and MUTATION.md is written again
+from every result there, so modules can be run one at a time. Not part of `make test`: a module takes minutes
+to an hour on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ROOT / "mutation" / "targets.toml"
+RESULTS = ROOT / "mutation" / "results"
+REPORT = ROOT / "MUTATION.md"
+# Ignored paths the tests read (the embedded models), linked into the copy.
+LINKED = ["examples/models"]
+
+
+def load_targets() -> tuple[list[dict], dict[str, dict[str, str]]]:
+    spec = tomllib.loads(TARGETS.read_text())
+    return spec["target"], spec.get("explained", {})
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree as git sees it (tracked and new files, nothing ignored), plus the linked folders."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, check=True, capture_output=True,
+    ).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    for name in LINKED:
+        if (ROOT / name).exists():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(ROOT / name, dest / name)
+
+
+def test_command(tests: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) positions of every annotation: with `from __future__ import annotations` they are never
+    evaluated, so mutants there are equivalent by construction and are not run."""
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        found = []
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            found.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            found.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            found.append(node.annotation)
+        spans += [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)) for a in found]
+    return spans
+
+
+def skip_annotations(session: Path, source: str) -> int:
+    """Marks the mutants inside annotations skipped (cosmic-ray's filters do the same); returns how many."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    if "from __future__ import annotations" not in source:
+        return 0
+    spans = annotation_spans(source)
+    skipped = 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in list(db.pending_work_items):
+            (mutation,) = item.mutations
+            start = tuple(mutation.start_pos)
+            if any(lo <= start < hi for lo, hi in spans):
+                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="annotation"))
+                skipped += 1
+    return skipped
+
+
+def run_target(target: dict, workers: int) -> dict:
+    """Mutate one module, `workers` mutants at a time, each worker in a fresh copy of the tree (cosmic-ray
+    mutates the file in place); returns the results."""
+    module, tests = target["module"], target["tests"]
+    with tempfile.TemporaryDirectory(prefix="roll-mutation-") as tmp:
+        copies = [Path(tmp) / f"copy{i}" for i in range(workers)]
+        for copy in copies:
+            copy.mkdir()
+            copy_tree(copy)
+        work = copies[0]
+        env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
+        started = time.monotonic()
+        baseline = subprocess.run(test_command(tests), cwd=work, env=env, capture_output=True, text=True)
+        if baseline.returncode != 0:
+            raise SystemExit(f"{module}: its tests fail without any mutation:\n{baseline.stdout[-3000:]}")
+        limit = max(60.0, 3 * (time.monotonic() - started))
+        ports = [free_port() for _ in copies]
+        config = Path(tmp) / "cosmic-ray.toml"
+        config.write_text(
+            "[cosmic-ray]\n"
+            f'module-path = "{module}"\n'
+            f"timeout = {limit:.0f}\n"
+            "excluded-modules = []\n"
+            f"test-command = {json.dumps(' '.join(test_command(tests)))}\n"
+            '[cosmic-ray.distributor]\nname = "http"\n'
+            "[cosmic-ray.distributor.http]\n"
+            f"worker-urls = {json.dumps([f'http://127.0.0.1:{p}' for p in ports])}\n"
+        )
+        session = Path(tmp) / "session.sqlite"
+        cosmic = [sys.executable, "-m", "cosmic_ray.cli"]
+        subprocess.run([*cosmic, "init", str(config), str(session)], cwd=work, env=env, check=True)
+        skipped = skip_annotations(session, (ROOT / module).read_text())
+        total = count_mutants(session)
+        print(
+            f"{module}: {total - skipped} mutants ({skipped} in annotations not run), tests {' '.join(tests)}, "
+            f"limit {limit:.0f} s each, {workers} at a time",
+            flush=True,
+        )
+        servers = [
+            subprocess.Popen(
+                [*cosmic, "http-worker", "--port", str(port)],
+                cwd=copy, env={**env, "PYTHONPATH": str(copy)},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            for copy, port in zip(copies, ports, strict=True)
+        ]
+        try:
+            for port in ports:
+                wait_for_port(port)
+            subprocess.run([*cosmic, "exec", str(config), str(session)], cwd=work, env=env, check=True)
+        finally:
+            for server in servers:
+                server.terminate()
+                server.wait(30)
+        mutants = read_session(session)
+        for copy in copies:
+            if (copy / module).read_text() != (ROOT / module).read_text():
+                raise SystemExit(f"{module}: a copy was left mutated; results not trusted")
+    return {
+        "module": module,
+        "tests": tests,
+        "goal": target["goal"],
+        "limit_s": round(limit),
+        "run_s": round(time.monotonic() - started),
+        "mutants": mutants,
+    }
+
+
+def wait_for_port(port: int, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"cosmic-ray's http worker on port {port} did not start") from None
+            time.sleep(0.2)
+
+
+def count_mutants(session: Path) -> int:
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        return db.num_work_items
+
+
+def read_session(session: Path) -> list[dict]:
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    out = []
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item, result in db.completed_work_items:
+            (mutation,) = item.mutations
+            outcome = str(result.test_outcome.value) if result.test_outcome else str(result.worker_outcome.value)
+            if outcome == "killed" and (result.output or "").strip() == "timeout":
+                outcome = "timed out"
+            if outcome == "skipped":
+                continue  # in an annotation (skip_annotations)
+            out.append(
+                {
+                    "id": f"{mutation.start_pos[0]}:{mutation.operator_name}:{mutation.occurrence}",
+                    "line": mutation.start_pos[0],
+                    "operator": mutation.operator_name,
+                    "outcome": outcome,
+                    "diff": "\n".join(
+                        line for line in (result.diff or "").splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")
+                    ),
+                }
+            )
+    return sorted(out, key=lambda m: (m["line"], m["id"]))
+
+
+def summarize(result: dict) -> dict[str, int]:
+    counts = {"killed": 0, "timed out": 0, "survived": 0, "other": 0}
+    for m in result["mutants"]:
+        counts[m["outcome"] if m["outcome"] in counts else "other"] += 1
+    return counts
+
+
+def write_report(explained: dict[str, dict[str, str]]) -> None:
+    targets, _ = load_targets()
+    order = [t["module"] for t in targets]
+    results = {}
+    for path in RESULTS.glob("*.json"):
+        data = json.loads(path.read_text())
+        results[data["module"]] = data
+    lines = [
+        "# Mutation testing",
+        "",
+        "cosmic-ray's mutants of the core modules, each tested by that module's fast tests (`make mutation`;",
+        "mutation/run.py explains the method, mutation/targets.toml lists the targets, their tests and goals, and why",
+        "each surviving mutant survives). *Caught* counts killed and timed-out mutants. Regenerate one module with",
+        "`make mutation MODULES=roll_pipeline/algorithms/kl.py`.",
+        "",
+        "| module | mutants | killed | timed out | survived | other | caught | goal | run |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    details = []
+    for module in order:
+        if module not in results:
+            lines.append(f"| {module} | not run yet | | | | | | | |")
+            continue
+        r = results[module]
+        c = summarize(r)
+        n = len(r["mutants"])
+        caught = (c["killed"] + c["timed out"]) / n if n else 1.0
+        mark = "" if caught >= r["goal"] else " (below)"
+        lines.append(
+            f"| {module} | {n} | {c['killed']} | {c['timed out']} | {c['survived']} | {c['other']} | "
+            f"{caught:.1%}{mark} | {r['goal']:.0%} | {r['run_s'] / 60:.0f} min |"
+        )
+        survivors = [m for m in r["mutants"] if m["outcome"] not in ("killed", "timed out")]
+        if survivors:
+            details += ["", f"## {module}", "", f"Tests: {' '.join(r['tests'])}", ""]
+            notes = explained.get(module, {})
+            for m in survivors:
+                why = notes.get(m["id"], "unexplained")
+                diff = m["diff"].replace("\n", " / ") or "(no diff)"
+                details.append(f"- `{m['id']}` ({m['outcome']}): `{diff}` — {why}")
+    REPORT.write_text("\n".join(lines + details) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help="modules to mutate (default: every target)")
+    parser.add_argument("--report-only", action="store_true", help="write MUTATION.md from the saved results")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
+    args = parser.parse_args(argv)
+    targets, explained = load_targets()
+    known = {t["module"]: t for t in targets}
+    unknown = [m for m in args.modules if m not in known]
+    if unknown:
+        parser.error(f"not a target of {TARGETS.relative_to(ROOT)}: {unknown}; targets: {sorted(known)}")
+    if not args.report_only:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        for module in args.modules or list(known):
+            result = run_target(known[module], args.workers)
+            name = module.replace("/", ".").removesuffix(".py") + ".json"
+            (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
+            c = summarize(result)
+            print(f"{module}: {c}", flush=True)
+            write_report(explained)
+    write_report(explained)
+    print(f"wrote {REPORT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
