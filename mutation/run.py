@@ -6,7 +6,7 @@ the target's test files in a fresh interpreter. A mutant is *killed* when the te
 run past the limit (three times the unmutated run, at least 60 s; a mutant that loops counts as caught), and
 *survived* when they pass. Mutants inside annotations are not run: with `from __future__ import annotations` no
 annotation is evaluated, so they are equivalent by construction. As many mutants run at once as there are cores,
-each in its own copy (cosmic-ray's http workers). The results go to mutation/results/<module>.json and MUTATION.md is written again
+each in its own copy (cosmic-ray's http workers). The counts and the surviving mutants go to mutation/results/<module>.json and MUTATION.md is written again
 from every result there, so modules can be run one at a time. Not part of `make test`: a module takes minutes
 to an hour on 2 cores.
 """
@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ROOT / "mutation" / "targets.toml"
 RESULTS = ROOT / "mutation" / "results"
 REPORT = ROOT / "MUTATION.md"
+# Outcomes that count as the tests catching a mutant.
+CAUGHT = ("killed", "timed out")
 # Ignored paths the tests read (the embedded models), linked into the copy.
 LINKED = ["examples/models"]
 
@@ -165,7 +167,8 @@ def run_target(target: dict, workers: int) -> dict:
         "goal": target["goal"],
         "limit_s": round(limit),
         "run_s": round(time.monotonic() - started),
-        "mutants": mutants,
+        "counts": summarize(mutants),
+        "survivors": [m for m in mutants if m["outcome"] not in CAUGHT],
     }
 
 
@@ -214,9 +217,9 @@ def read_session(session: Path) -> list[dict]:
     return sorted(out, key=lambda m: (m["line"], m["id"]))
 
 
-def summarize(result: dict) -> dict[str, int]:
+def summarize(mutants: list[dict]) -> dict[str, int]:
     counts = {"killed": 0, "timed out": 0, "survived": 0, "other": 0}
-    for m in result["mutants"]:
+    for m in mutants:
         counts[m["outcome"] if m["outcome"] in counts else "other"] += 1
     return counts
 
@@ -245,15 +248,15 @@ def write_report(explained: dict[str, dict[str, str]]) -> None:
             lines.append(f"| {module} | not run yet | | | | | | | |")
             continue
         r = results[module]
-        c = summarize(r)
-        n = len(r["mutants"])
+        c = r["counts"]
+        n = sum(c.values())
         caught = (c["killed"] + c["timed out"]) / n if n else 1.0
         mark = "" if caught >= r["goal"] else " (below)"
         lines.append(
             f"| {module} | {n} | {c['killed']} | {c['timed out']} | {c['survived']} | {c['other']} | "
             f"{caught:.1%}{mark} | {r['goal']:.0%} | {r['run_s'] / 60:.0f} min |"
         )
-        survivors = [m for m in r["mutants"] if m["outcome"] not in ("killed", "timed out")]
+        survivors = r["survivors"]
         if survivors:
             details += ["", f"## {module}", "", f"Tests: {' '.join(r['tests'])}", ""]
             notes = explained.get(module, {})
@@ -281,8 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_target(known[module], args.workers)
             name = module.replace("/", ".").removesuffix(".py") + ".json"
             (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
-            c = summarize(result)
-            print(f"{module}: {c}", flush=True)
+            print(f"{module}: {result['counts']}", flush=True)
             write_report(explained)
     write_report(explained)
     print(f"wrote {REPORT.relative_to(ROOT)}")

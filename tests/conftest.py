@@ -1,8 +1,10 @@
-"""Shared fixtures: paths of the repository, its examples and the embedded model."""
+"""Shared fixtures: paths of the repository, its examples and the embedded model; a local Ray cluster per test
+module; waiting for an event."""
 
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,3 +41,23 @@ def mlflow_db(tmp_path_factory) -> Callable[[Path], str]:
         return f"sqlite:///{path}"
 
     return new
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray cluster with 4 logical CPUs for the module's tests (a module that needs another size defines
+    its own)."""
+    import ray
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def wait_for(condition: Callable[[], bool], what: str, limit_s: float = 60.0) -> None:
+    """Polls `condition` until it holds; the limit only bounds a hang, no duration is asserted."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {limit_s:.0f} s"
+        time.sleep(0.05)
+

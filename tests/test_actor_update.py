@@ -6,7 +6,6 @@ mini- and micro-batches, the normaliser) and not only the objective's formula.""
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -19,12 +18,6 @@ from tests.test_zero import SAMPLES, training_batch
 
 TEMPERATURE = 0.7
 
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def reference_log_probs(model, batch):

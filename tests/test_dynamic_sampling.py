@@ -94,12 +94,6 @@ class SleepyScorer(RewardScorer):
         return RewardResult(score=float(response.strip().endswith("1")), correct=response.strip().endswith("1"))
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
 
 def config(overrides=(), group_filters="{}", response_filters="{}"):
     return load_config(

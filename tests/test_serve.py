@@ -20,7 +20,7 @@ from roll_pipeline.cli import main
 from roll_pipeline.serve.commands import vllm_command
 from roll_pipeline.serve.engine import Engine, SamplingParams
 from roll_pipeline.serve.model_path import ModelPathError, ServedModel, resolve_model_path
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, wait_for
 from tests.judge_servers import ServeProcess
 
 MATH = [{"role": "user", "content": "What is 12 + 45?"}]
@@ -315,14 +315,6 @@ def send_and_hold(url: str, path: str, body: dict) -> socket.socket:
     head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
     sock.sendall(head.encode() + data)
     return sock
-
-
-def wait_for(condition, what: str, limit_s: float = 60.0) -> None:
-    """Polls `condition` until it holds; the limit only bounds a hang, no duration is asserted."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen within {limit_s:.0f} s"
-        time.sleep(0.05)
 
 
 @pytest.mark.slow

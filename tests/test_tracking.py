@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -67,13 +66,6 @@ class FailingClient:
 
     def __getattr__(self, name):
         return getattr(self._client, name)
-
-
-def wait_for(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:

@@ -5,7 +5,6 @@ own log-probs as the old ones (one optimizer step per batch) instead of a separa
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 
 from roll_pipeline.batch import Batch
@@ -16,12 +15,6 @@ from tests.conftest import EXAMPLES
 
 SAMPLES = 16
 
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def training_batch(cfg, tokenizer) -> Batch:

@@ -28,16 +28,17 @@ def loss_mask(batch: Batch) -> torch.Tensor:
     return batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
 
 
-def global_normalizer(mask: torch.Tensor, mode: str, world_size: int) -> float:
-    """The mini-batch's token (or response) count over all ranks, divided by the world size.
+def global_normalizers(mask: torch.Tensor, modes: tuple[str, ...], world_size: int) -> list[float]:
+    """For each mode, the mini-batch's token (or response) count over all ranks, divided by the world size; one
+    all-reduce for all of them.
 
     DeepSpeed averages gradients over ranks, so dividing each rank's sum by global_count / world_size makes the
     averaged gradient that of the global mean.
     """
-    count = torch.tensor(batch_normalizer(mask, mode), dtype=torch.float64)
+    counts = torch.tensor([batch_normalizer(mask, mode) for mode in modes], dtype=torch.float64)
     if world_size > 1 and dist.is_initialized():
-        dist.all_reduce(count)
-    return float(count) / world_size
+        dist.all_reduce(counts)
+    return [float(c) / world_size for c in counts]
 
 
 def loss_scale(cfg: PipelineConfig) -> float:
@@ -138,9 +139,8 @@ class ActorTrainWorker(Worker):
         n_minibatches = 0
         for _ in range(self.cfg.ppo_epochs):
             for minibatch in batch.split(minibatch_size):
-                mask = loss_mask(minibatch)
-                norm = global_normalizer(mask, self.cfg.loss_agg_mode, self.world_size)
-                token_norm = global_normalizer(mask, "token-mean", self.world_size)
+                modes = (self.cfg.loss_agg_mode, "token-mean")  # the loss's count, the diagnostics' count
+                norm, token_norm = global_normalizers(loss_mask(minibatch), modes, self.world_size)
                 for micro in minibatch.split(ta.per_device_train_batch_size):
                     logits = response_logits(self.strategy.engine, micro)
                     log_probs, entropy = log_probs_from_logits(

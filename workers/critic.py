@@ -12,7 +12,7 @@ from roll_pipeline.algorithms.value import clipped_value_loss
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import PipelineConfig
 from roll_pipeline.models.forward import response_values
-from workers.actor_train import global_normalizer, loss_mask, loss_scale
+from workers.actor_train import global_normalizers, loss_mask, loss_scale
 from workers.base import Worker
 from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
 from workers.strategies.loading import load_value_model
@@ -47,8 +47,8 @@ class CriticWorker(Worker):
         n = 0
         for _ in range(self.cfg.ppo_epochs):
             for minibatch in batch.split(ta.per_device_train_batch_size * ta.gradient_accumulation_steps):
-                norm = global_normalizer(loss_mask(minibatch), self.cfg.loss_agg_mode, self.world_size)
-                token_norm = global_normalizer(loss_mask(minibatch), "token-mean", self.world_size)
+                modes = (self.cfg.loss_agg_mode, "token-mean")  # the loss's count, value_clipfrac's count
+                norm, token_norm = global_normalizers(loss_mask(minibatch), modes, self.world_size)
                 for micro in minibatch.split(ta.per_device_train_batch_size):
                     values = response_values(self.strategy.engine, micro)
                     per_token, clipped = clipped_value_loss(

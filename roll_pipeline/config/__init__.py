@@ -28,8 +28,8 @@ from roll_pipeline.config.schema import (
     TrackingConfig,
     TrainingArgs,
     ValidationConfig,
-    domain_shares,
 )
+from roll_pipeline.config.shares import domain_shares
 
 __all__ = [
     "ActorInferConfig",

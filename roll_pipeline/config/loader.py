@@ -22,7 +22,8 @@ from typing import Any
 import dacite
 import yaml
 
-from roll_pipeline.config.schema import ConfigError, PipelineConfig, domain_shares
+from roll_pipeline.config.schema import ConfigError, PipelineConfig
+from roll_pipeline.config.shares import domain_shares
 
 _REF = re.compile(r"\$\{([A-Za-z0-9_.\-]+)\}")
 
