@@ -298,6 +298,23 @@ def test_each_losss_diagnostics_follow_its_definition_and_are_zero_under_the_mas
         assert torch.equal(diag["dual_clipped"], (capped & (mask > 0)).float())
 
 
+def test_topr_marks_only_negative_responses_whose_whole_sequence_ratio_is_above_1():
+    """Rows at the edges of the definition: a negative response whose valid tokens sum to -0.5 beside two padding
+    positions (padding must not enter the sum); a negative response on-policy (ratio exactly 1: its weight is 1,
+    nothing was capped); responses with advantage 0 and 0.5 whose ratio is above 1 (not negative: not clipped)."""
+    mask = torch.tensor(
+        [[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
+    )
+    old = torch.full((5, 4), -1.5)
+    lp = old + torch.tensor(
+        [[-0.25, -0.25, 3.0, 3.0], [0.0, 0.0, 0.0, 0.0], [0.5, 0.0, 0.0, 0.0], [0.5, 0.0, 0.0, 0.0], [0.5, 0.0, 0.0, 0.0]]
+    )
+    adv = torch.tensor([-1.0, -1.0, 0.0, 0.5, -1.0]).unsqueeze(1).expand(5, 4)
+    _, diag = POLICY_LOSSES.get("topr")(lp, old, adv, mask)
+    assert torch.equal(diag["clipped"], reference_clipped("topr", lp, old, adv, mask))
+    assert diag["clipped"].sum(1).tolist() == [0.0, 0.0, 0.0, 0.0, 4.0]
+
+
 def test_a_token_log_ratio_beyond_20_counts_as_20():
     """The ratio of a token is exp(log-ratio) with the log-ratio clamped to [-20, 20], so one token the policy
     moved by 25 nats costs exactly e^20 (times -A), not e^25."""

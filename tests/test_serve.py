@@ -290,20 +290,32 @@ def test_errors_have_openai_shape(client, server):
 
 @pytest.mark.slow
 def test_concurrent_requests_are_batched(client, server):
+    """32 requests that wait together behind a long batch run as one batch (the server's --max-batch-size is 32)
+    once it is gone: counted by events, not by how fast the clients happen to arrive."""
+    base = server.url.rsplit("/v1", 1)[0]
     before = server.health()
-    with ThreadPoolExecutor(16) as pool:
-        replies = list(
-            pool.map(
-                lambda i: client.chat.completions.create(
-                    model="tiny", messages=MATH, temperature=1.0, max_tokens=8
-                ),
-                range(32),
-            )
-        )
+    blocker = send_and_hold(
+        base, "/v1/completions", {"model": "tiny", "prompt": ["x"] * 64, "temperature": 2.0, "max_tokens": 300}
+    )
+    try:
+        wait_for(lambda: server.health()["requests"] - before["requests"] >= 1, "the blocking request's arrival")
+        with ThreadPoolExecutor(32) as pool:
+            futures = [
+                pool.submit(
+                    client.chat.completions.create, model="tiny", messages=MATH, temperature=1.0, max_tokens=8
+                )
+                for _ in range(32)
+            ]
+            wait_for(lambda: server.health()["requests"] - before["requests"] == 33, "32 requests behind the blocker")
+            assert server.health()["completed"] == before["completed"], "the blocker ended before the test did"
+            blocker.close()
+            replies = [future.result() for future in futures]
+    finally:
+        blocker.close()
     after = server.health()
-    assert len(replies) == 32
-    assert after["requests"] - before["requests"] == 32
-    assert after["batches"] - before["batches"] < 16, "32 concurrent requests ran in fewer than 16 batches"
+    assert len(replies) == 32 and all(reply.choices[0].message.content is not None for reply in replies)
+    assert after["completed"] - before["completed"] == 32
+    assert after["batches"] - before["batches"] == 2, "the blocker's batch, then all 32 requests in one"
 
 
 def send_and_hold(url: str, path: str, body: dict) -> socket.socket:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,16 +65,18 @@ def test_build_info_records_the_spec(built):
     assert 0.5e6 < info["parameters"] < 2e6
 
 
-def test_same_spec_is_cached_and_new_seed_rebuilds(built):
-    info_path = built / BUILD_INFO
+def test_same_spec_is_cached_and_new_seed_rebuilds(built, tmp_path):
+    # A copy: rebuilding in place would change the module's model under the tests that run after this one.
+    model = shutil.copytree(built, tmp_path / "model")
+    info_path = model / BUILD_INFO
     first = info_path.stat().st_mtime_ns
-    assert build_tiny_model(built, TRAIN_FILES, seed=0, **FAST) == built
+    assert build_tiny_model(model, TRAIN_FILES, seed=0, **FAST) == model
     assert info_path.stat().st_mtime_ns == first
 
-    build_tiny_model(built, TRAIN_FILES, seed=1, **FAST)
+    build_tiny_model(model, TRAIN_FILES, seed=1, **FAST)
     assert info_path.stat().st_mtime_ns != first
     assert json.loads(info_path.read_text())["seed"] == 1
-    assert not [path for path in built.parent.iterdir() if path.name.startswith(".")]
+    assert not [path for path in model.parent.iterdir() if path.name.startswith(".")]
 
 
 # What a different machine changes: its core count (OMP_NUM_THREADS), and the vector units torch, MKL and glibc

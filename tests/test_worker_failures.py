@@ -1,7 +1,7 @@
 """Worker failures mid-step, on a real pipeline: reward and actor_infer workers killed (os.kill of the process,
 ray.kill) are restarted by Ray and their in-flight calls sent again, and the step completes with every prompt's
-group exactly once; a reward worker that stays dead has its samples masked and counted; a dead actor_train
-stops the run with a message that says where to resume from."""
+group exactly once. The tests share one pipeline: each leaves it whole, so they pass in any order. Failures that
+leave a pipeline broken are in test_worker_failures_fatal.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import ray
 import yaml
 
 from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import RLVRPipeline, WorkerDiedError
+from roll_pipeline.pipeline import RLVRPipeline
 from tests.conftest import EXAMPLES
 from workers.rewards.math_rule import MathRuleScorer
 
@@ -112,30 +112,6 @@ def assert_every_group_once(batch) -> None:
     assert len({g[0] for g in groups}) == SHARE, groups
 
 
-# Before the module's shared pipeline exists: this test starts (and stops) Ray with a pipeline of its own.
-@pytest.mark.slow
-def test_a_dead_actor_train_stops_the_run_and_names_the_checkpoint_to_resume_from(tmp_path, tiny_model, mlflow_db):
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    cfg = load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db"), save_steps=1), [])
-    pipeline = RLVRPipeline(cfg)
-    try:
-        pipeline.setup()
-
-        def kill_after_first(step, metrics):
-            if step == 1:
-                ray.kill(pipeline.actor_train.workers[0])
-
-        with pytest.raises(WorkerDiedError) as info:
-            pipeline.run(on_step=kill_after_first)
-    finally:
-        pipeline.shutdown()
-    message = str(info.value)
-    assert message.startswith("actor_train[0] died at step 2")
-    assert f"{tmp_path / 'run' / 'checkpoints' / 'step_1'}" in message
-    assert "roll run CONFIG --resume" in message
-
-
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, tiny_model, mlflow_db):
     tmp_path = tmp_path_factory.mktemp("failures")
@@ -188,18 +164,3 @@ def test_actor_infer_killed_mid_step_gets_the_current_weights_and_the_requests_a
     infer_sum = ray.get(worker.__ray_call__.remote(lambda self: checksum(self.strategy.model)))
     train_sum = ray.get(pipeline.actor_train.workers[0].__ray_call__.remote(lambda self: checksum(self.strategy.module)))
     assert infer_sum == train_sum
-
-
-@pytest.mark.slow
-def test_a_reward_worker_that_stays_dead_has_its_samples_masked_and_counted(pipeline):
-    worker = pipeline.rewards["math"].workers[0]
-    batch, metrics = during_rollout(pipeline, pipeline.marks, lambda: ray.kill(worker, no_restart=True))
-    assert len(batch) == SHARE * N
-    assert metrics["scheduler/math/reward_worker_failures"] >= 1
-    assert metrics["reward/math/masked_worker_lost"] >= 1
-    assert metrics["reward/math/masked_worker_lost"] == metrics["reward/math/masked"]
-    # The run goes on: the next step masks everything the dead worker would have scored, and completes.
-    rollout = pipeline.rollout()
-    batch, metrics = rollout.batch, rollout.metrics
-    assert metrics["reward/math/masked_worker_lost"] == metrics["reward/math/count"] > 0
-    assert float(batch["sample_mask"].sum()) == 0.0

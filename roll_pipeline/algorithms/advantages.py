@@ -15,7 +15,7 @@ from roll_pipeline.algorithms.registry import register_advantage
 def place_at_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """(B,) scores -> (B, R) rewards that are zero except at each response's last valid token."""
     rewards = torch.zeros_like(response_mask, dtype=scores.dtype)
-    lengths = response_mask.sum(-1).long()
+    lengths = response_mask.sum(1).long()
     has_tokens = lengths > 0
     rows = torch.arange(len(scores))[has_tokens]
     rewards[rows, lengths[has_tokens] - 1] = scores[has_tokens]
@@ -50,11 +50,11 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
 
 
 def _returns(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    return (token_level_rewards * response_mask).sum(-1)
+    return (token_level_rewards * response_mask).sum(1)
 
 
 def _broadcast(per_sample: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    advantages = per_sample.unsqueeze(-1) * response_mask
+    advantages = per_sample.unsqueeze(1) * response_mask
     return advantages, advantages.clone()
 
 
@@ -139,7 +139,7 @@ def reinforce_plus_plus_advantages(
     rewards makes it differ from token to token), whitened over every valid token of the batch (global
     advantage normalisation, no critic, no group baseline). Returns are the discounted returns."""
     valid = _valid(sample_mask, token_level_rewards)
-    mask = response_mask * valid.unsqueeze(-1)
+    mask = response_mask * valid.unsqueeze(1)
     returns = discounted_returns(token_level_rewards, response_mask, gamma)
     return masked_whiten(returns, mask), returns * mask
 
@@ -155,10 +155,10 @@ def reinforce_plus_plus_baseline_advantages(
     """REINFORCE++-baseline (Hu, arXiv:2501.03262, v3+): return - group mean (the group baseline), broadcast over
     the response, then whitened over every valid token of the batch."""
     valid = _valid(sample_mask, token_level_rewards)
-    mask = response_mask * valid.unsqueeze(-1)
+    mask = response_mask * valid.unsqueeze(1)
     returns = _returns(token_level_rewards, response_mask)
     mean, _, _ = group_statistics(returns, group_ids, valid)
-    centred = (returns - mean).unsqueeze(-1) * mask
+    centred = (returns - mean).unsqueeze(1) * mask
     advantages = masked_whiten(centred, mask)
     return advantages, advantages.clone()
 

@@ -1,4 +1,4 @@
-"""Reducing a (B, R) per-token loss to a scalar under a response mask.
+"""Reducing a (B, R) per-token loss (rows: responses, axis 1: their tokens) to a scalar under a response mask.
 
 Every mode divides by a count over the whole mini-batch (`norm`: tokens or responses, see `batch_normalizer`), so
 that when a mini-batch goes through in micro-batches with gradient accumulation, the summed micro-batch losses have
@@ -22,8 +22,8 @@ def count_tokens(mask: torch.Tensor) -> float:
 
 
 def count_sequences(mask: torch.Tensor) -> float:
-    """Responses with at least one valid token."""
-    return float((mask.sum(-1) > 0).sum())
+    """Responses (rows) with at least one valid token."""
+    return float(mask.any(1).sum())
 
 
 def _denominator(norm: float | None, counted: float, like: torch.Tensor) -> torch.Tensor:
@@ -37,25 +37,25 @@ def token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: float | None = None
     return (loss * mask).sum() / _denominator(norm, count_tokens(mask), loss)
 
 
-def _seq_mean(seq_loss: torch.Tensor, mask: torch.Tensor, norm: float | None) -> torch.Tensor:
-    """A response with no valid token has a sequence loss of 0 (its tokens are all masked), so summing every row
-    and dividing by the responses that count leaves it out."""
-    return seq_loss.sum() / _denominator(norm, count_sequences(mask), seq_loss)
+def _seq_mean(total: torch.Tensor, mask: torch.Tensor, norm: float | None) -> torch.Tensor:
+    """`total`, the sum of the responses' losses, over the responses that count. A response with no valid token
+    adds 0 to `total` (its tokens are all masked), so it is left out."""
+    return total / _denominator(norm, count_sequences(mask), total)
 
 
 @register_aggregation("seq-mean-token-mean")
 def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, norm: float | None = None, **_: object) -> torch.Tensor:
     """Mean over tokens within each response, then mean over responses (GRPO, arXiv:2402.03300): every response
     weighs the same. Responses with no valid token are left out."""
-    seq_loss = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-    return _seq_mean(seq_loss, mask, norm)
+    seq_loss = (loss * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    return _seq_mean(seq_loss.sum(), mask, norm)
 
 
 @register_aggregation("seq-mean-token-sum")
 def seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor, norm: float | None = None, **_: object) -> torch.Tensor:
     """Sum over tokens within each response, then mean over responses: a response weighs by its length, and the
     loss grows with the length of the responses (no per-token normalisation at all)."""
-    return _seq_mean((loss * mask).sum(-1), mask, norm)
+    return _seq_mean((loss * mask).sum(), mask, norm)
 
 
 @register_aggregation("seq-mean-token-sum-norm")
@@ -66,8 +66,8 @@ def seq_mean_token_sum_norm(
     of each response divided by one constant `scale` (the generation budget, so it never depends on the batch),
     then the mean over responses. None: the padded width of `loss`, which is constant only if the caller pads to
     the budget; the pipeline passes the budget."""
-    divisor = float(loss.shape[-1] if scale is None else scale)
-    return _seq_mean((loss * mask).sum(-1) / divisor, mask, norm)
+    divisor = float(loss.shape[1] if scale is None else scale)
+    return _seq_mean((loss * mask).sum() / divisor, mask, norm)
 
 
 register_loss_normalizer("token-mean")(count_tokens)

@@ -64,7 +64,7 @@ def kl_penalty_rewards(
     rewards - coef * KL_t on every valid token. Returns the new rewards (B, R) and each response's mean per-token
     KL (B,), the quantity the adaptive controller tracks; both zero under the mask."""
     kl = KL_ESTIMATORS.get(estimator)(log_probs, ref_log_probs) * mask
-    per_sample = kl.sum(-1) / mask.sum(-1).clamp(min=1.0)
+    per_sample = kl.sum(1) / mask.sum(1).clamp(min=1.0)
     return (token_level_rewards - coef * kl) * mask, per_sample
 
 

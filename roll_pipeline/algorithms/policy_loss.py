@@ -82,9 +82,9 @@ def gspo_loss(
     it the same way); below, exp(log s) goes to 0 and needs no bound.
     """
     log_ratio = _log_ratio(log_probs, old_log_probs)
-    raw = torch.where(mask > 0, log_probs - old_log_probs, torch.zeros_like(log_probs))
-    seq_log_ratio = raw.sum(-1) / mask.sum(-1).clamp(min=1.0)
-    token_log_ratio = (log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(
+    raw = torch.where(mask.bool(), log_probs - old_log_probs, torch.zeros_like(log_probs))
+    seq_log_ratio = raw.sum(1) / mask.sum(1).clamp(min=1.0)
+    token_log_ratio = (log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(1)).clamp(
         max=GSPO_MAX_LOG_RATIO
     )
     ratio = token_log_ratio.exp()
@@ -132,8 +132,8 @@ def topr_loss(
     whose sequence ratio was above 1.
     """
     log_ratio = _log_ratio(log_probs, old_log_probs)
-    seq_log_ratio = (log_ratio * mask).sum(-1, keepdim=True).clamp(max=0.0)
+    seq_log_ratio = (log_ratio * mask).sum(1, keepdim=True).clamp(max=0.0)
     weight = torch.where(advantages < 0, seq_log_ratio.exp().detach(), torch.ones_like(advantages))
     loss = -weight * advantages * log_probs
-    raw_seq = (log_ratio * mask).sum(-1, keepdim=True)
+    raw_seq = (log_ratio * mask).sum(1, keepdim=True)
     return loss, _diagnostics((advantages < 0) & (raw_seq > 0), log_ratio, mask)

@@ -209,7 +209,7 @@ def shape_scores(
     scores (B,), the sample mask (B,) and metrics named reward_shaping/<domain>/<name>."""
     shaped = torch.zeros_like(scores)
     mask = torch.zeros_like(sample_mask)
-    lengths = response_mask.sum(-1)
+    lengths = response_mask.sum(1)
     correct_t = torch.tensor([bool(c) for c in correct])
     metrics: dict[str, Any] = {}
     for domain in dict.fromkeys(domains):

@@ -1,0 +1,63 @@
+"""Worker failures a pipeline does not recover from, each on a pipeline of its own (the module's tests run in any
+order, and no other pipeline is alive beside it): a reward worker that stays dead has its samples masked and
+counted; a dead actor_train stops the run with a message that says where to resume from."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from roll_pipeline.config import load_config
+from roll_pipeline.pipeline import RLVRPipeline, WorkerDiedError
+from tests.test_worker_failures import SHARE, N, during_rollout, write_config
+
+
+@pytest.fixture
+def pipeline(tmp_path, tiny_model, mlflow_db):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    pipeline = RLVRPipeline(load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db")), []))
+    try:
+        pipeline.setup()
+        pipeline.marks = marks
+        yield pipeline
+    finally:
+        pipeline.shutdown()
+
+
+@pytest.mark.slow
+def test_a_dead_actor_train_stops_the_run_and_names_the_checkpoint_to_resume_from(tmp_path, tiny_model, mlflow_db):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cfg = load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db"), save_steps=1), [])
+    pipeline = RLVRPipeline(cfg)
+    try:
+        pipeline.setup()
+
+        def kill_after_first(step, metrics):
+            if step == 1:
+                ray.kill(pipeline.actor_train.workers[0])
+
+        with pytest.raises(WorkerDiedError) as info:
+            pipeline.run(on_step=kill_after_first)
+    finally:
+        pipeline.shutdown()
+    message = str(info.value)
+    assert message.startswith("actor_train[0] died at step 2")
+    assert f"{tmp_path / 'run' / 'checkpoints' / 'step_1'}" in message
+    assert "roll run CONFIG --resume" in message
+
+
+@pytest.mark.slow
+def test_a_reward_worker_that_stays_dead_has_its_samples_masked_and_counted(pipeline):
+    worker = pipeline.rewards["math"].workers[0]
+    batch, metrics = during_rollout(pipeline, pipeline.marks, lambda: ray.kill(worker, no_restart=True))
+    assert len(batch) == SHARE * N
+    assert metrics["scheduler/math/reward_worker_failures"] >= 1
+    assert metrics["reward/math/masked_worker_lost"] >= 1
+    assert metrics["reward/math/masked_worker_lost"] == metrics["reward/math/masked"]
+    # The run goes on: the next step masks everything the dead worker would have scored, and completes.
+    rollout = pipeline.rollout()
+    batch, metrics = rollout.batch, rollout.metrics
+    assert metrics["reward/math/masked_worker_lost"] == metrics["reward/math/count"] > 0
+    assert float(batch["sample_mask"].sum()) == 0.0
