@@ -130,6 +130,12 @@ def test_gae_golden_values():
     assert adv1.tolist() == [[pytest.approx(0.5)] * 3]
 
 
+def test_masked_whiten_of_one_token_and_of_none_is_zero():
+    """One valid token is its own mean and has no spread: 0, not the token scaled by 1 / sqrt(eps) or NaN."""
+    assert masked_whiten(torch.tensor([[5.0, 7.0]]), torch.tensor([[1.0, 0.0]])).tolist() == [[0.0, 0.0]]
+    assert masked_whiten(torch.tensor([[5.0, 7.0]]), torch.zeros(1, 2)).tolist() == [[0.0, 0.0]]
+
+
 def test_masked_whiten_and_postprocess_golden_values():
     values = torch.tensor([[1.0, 3.0, 100.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
@@ -254,11 +260,14 @@ def test_gae_matches_loop_version():
     lengths = [5, 3, 1, 6]
     mask = torch.tensor([[1.0] * n + [0.0] * (6 - n) for n in lengths])
     rewards = torch.randn(4, 6, generator=gen) * mask
-    values = torch.randn(4, 6, generator=gen) * mask
-    adv, _ = gae(rewards, mask, values=values, gamma=0.9, lambd=0.8)
+    values = torch.randn(4, 6, generator=gen)  # values on padding too: they must not count
+    adv, ret = gae(rewards, mask, values=values, gamma=0.9, lambd=0.8)
     for i, n in enumerate(lengths):
         expected = gae_loop(rewards[i].tolist(), values[i].tolist(), n, 0.9, 0.8)
         assert adv[i].tolist() == pytest.approx(expected, abs=1e-5)
+        # the critic's targets: advantage + value on the response's tokens, exactly 0 on its padding
+        assert ret[i, :n].tolist() == pytest.approx((adv[i, :n] + values[i, :n]).tolist(), abs=1e-6)
+        assert ret[i, n:].tolist() == [0.0] * (6 - n)
 
 
 @pytest.mark.parametrize("name", ADVANTAGES.names())
@@ -276,6 +285,11 @@ def test_estimators_ignore_values_under_the_masks(name):
     assert torch.allclose(adv * keep, adv_noisy * keep, atol=1e-5)
     assert torch.equal(adv_noisy * (1 - mask), torch.zeros_like(adv))  # nothing leaks onto padding
     assert adv.abs().sum() > 0
+    # the returns (the critic's targets) too: the same on kept tokens, exactly 0 on padding
+    _, ret = fn(token_level_rewards=rewards, response_mask=mask, values=values, **kwargs)
+    _, ret_noisy = fn(token_level_rewards=rewards + noise, response_mask=mask, values=values + noise, **kwargs)
+    assert torch.allclose(ret * keep, ret_noisy * keep, atol=1e-5)
+    assert torch.equal(ret_noisy * (1 - mask), torch.zeros_like(ret)), name
 
 
 # ------------------------------------------------------------------------------------------- policy losses

@@ -30,12 +30,11 @@ def group_statistics(
     values: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per sample (B,): its group's mean, unbiased std and count over the samples where `valid` is 1."""
+    # inverse numbers the groups 0..G-1, each used: bincount's sums have one entry per group
     _, inverse = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inverse.max()) + 1 if len(inverse) else 0
-    zeros = torch.zeros(n_groups, dtype=values.dtype)
-    count = zeros.index_add(0, inverse, valid)
-    mean = zeros.index_add(0, inverse, values * valid) / count.clamp(min=1.0)
-    sq = zeros.index_add(0, inverse, (values - mean[inverse]).square() * valid)
+    count = torch.bincount(inverse, weights=valid)
+    mean = torch.bincount(inverse, weights=values * valid) / count.clamp(min=1.0)
+    sq = torch.bincount(inverse, weights=(values - mean[inverse]).square() * valid)
     std = (sq / (count - 1.0).clamp(min=1.0)).sqrt()
     return mean[inverse], std[inverse], count[inverse]
 
@@ -132,7 +131,8 @@ def reinforce_plus_plus_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     sample_mask: torch.Tensor | None = None,
-    gamma: float = 1.0,
+    *,
+    gamma: float,
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu, arXiv:2501.03262): each token's discounted return (a token-level KL penalty in the
@@ -158,7 +158,7 @@ def reinforce_plus_plus_baseline_advantages(
     mask = response_mask * valid.unsqueeze(1)
     returns = _returns(token_level_rewards, response_mask)
     mean, _, _ = group_statistics(returns, group_ids, valid)
-    centred = (returns - mean).unsqueeze(1) * mask
+    centred = (returns - mean).unsqueeze(1).expand_as(mask)
     advantages = masked_whiten(centred, mask)
     return advantages, advantages.clone()
 
@@ -168,16 +168,17 @@ def gae_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     values: torch.Tensor,
-    gamma: float = 1.0,
-    lambd: float = 0.95,
+    *,
+    gamma: float,
+    lambd: float,
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al., arXiv:1506.02438) over each response's valid tokens.
 
     The value after a response's last valid token is 0 (the episode ends there). Returns are advantages + values.
+    Rewards and values on padding are never read: a padded position passes the running values through.
     """
-    rewards = token_level_rewards * response_mask
-    vals = values * response_mask
+    rewards, vals = token_level_rewards, values
     advantages = torch.zeros_like(rewards)
     next_adv = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
     next_value = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
@@ -185,10 +186,10 @@ def gae_advantages(
         m = response_mask[:, t]
         delta = rewards[:, t] + gamma * next_value - vals[:, t]
         adv = delta + gamma * lambd * next_adv
-        # a padded position passes the running values through unchanged, so padding never leaks into advantages
-        next_adv = torch.where(m > 0, adv, next_adv)
-        next_value = torch.where(m > 0, vals[:, t], next_value)
-        advantages[:, t] = adv * m
+        valid = m.bool()
+        next_adv = torch.where(valid, adv, next_adv)
+        next_value = torch.where(valid, vals[:, t], next_value)
+        advantages[:, t] = torch.where(valid, adv, torch.zeros_like(adv))
     returns = (advantages + vals) * response_mask
     return advantages, returns
 
