@@ -63,7 +63,12 @@ def total_optimizer_steps(cfg: PipelineConfig, section: Any) -> int:
 # The GCS keeps an event record of every task and actor call, 100,000 by default, for the dashboard and the state
 # API (`ray list tasks`). A local run has neither, and at some 45 calls a step the record alone grew the GCS
 # from 61 to 133 MB over 500 steps (benchmarks/soak.py). Keep the last 2,000: enough to debug the current step.
-LOCAL_RAY_SYSTEM_CONFIG = {"task_events_max_num_task_in_gcs": 2000}
+#
+# Ray starts its workers at niceness 15, below everything else on the machine; in a run the workers are the work
+# (training, generation, scoring), so on a shared machine any other busy process starved them: under two busy
+# processes at niceness 0 on 2 cores, DeepSpeed's first start (it compiles a C++ op) did not finish in 10 minutes.
+# The run's own cluster runs them at the driver's priority.
+LOCAL_RAY_SYSTEM_CONFIG = {"task_events_max_num_task_in_gcs": 2000, "worker_niceness": 0}
 
 
 def worker_env(torch_threads: int) -> dict[str, str]:

@@ -49,7 +49,15 @@ def local_ray():
     its own)."""
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG
+
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
+    )
     yield
     ray.shutdown()
 

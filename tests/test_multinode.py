@@ -8,7 +8,7 @@ import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import RLVRPipeline
+from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG, RLVRPipeline
 from tests.conftest import EXAMPLES
 from tests.test_pipeline_integration import SMALL
 
@@ -64,7 +64,13 @@ def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_mode
 def test_an_impossible_placement_fails_with_a_clear_error():
     from roll_pipeline.distributed.cluster import reserve_bundles
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
+    )
     try:
         with pytest.raises(
             RuntimeError,

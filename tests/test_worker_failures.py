@@ -164,3 +164,11 @@ def test_actor_infer_killed_mid_step_gets_the_current_weights_and_the_requests_a
     infer_sum = ray.get(worker.__ray_call__.remote(lambda self: checksum(self.strategy.model)))
     train_sum = ray.get(pipeline.actor_train.workers[0].__ray_call__.remote(lambda self: checksum(self.strategy.module)))
     assert infer_sum == train_sum
+
+
+@pytest.mark.slow
+def test_workers_run_at_the_drivers_priority(pipeline):
+    """Ray would start them at niceness 15, where any busy process on a shared machine starves the run."""
+    workers = [pipeline.actor_train.workers[0], pipeline.actor_infer.workers[0], pipeline.rewards["math"].workers[0]]
+    niceness = ray.get([w.__ray_call__.remote(lambda self: os.nice(0)) for w in workers])
+    assert niceness == [os.nice(0)] * 3
