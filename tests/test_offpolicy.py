@@ -58,3 +58,20 @@ def test_the_same_policy_gives_weight_one_and_no_kl():
     assert m == {"offpolicy/is_weight_mean": 1.0, "offpolicy/is_weight_max": 1.0,
                  "offpolicy/is_truncated_frac": 0.0, "offpolicy/kl_infer_old": 0.0}
     assert offpolicy_metrics(lp, lp, torch.zeros(2, 4), 2.0) == {}
+
+
+@pytest.mark.parametrize("log_ratio", [25.0, -25.0])
+def test_a_log_ratio_beyond_20_counts_as_20(log_ratio):
+    """One valid token whose policies disagree by more than e^20: its weight and metrics are those of +-20
+    exactly (a cap above e^20 leaves the weight as it is)."""
+    old, infer, mask = torch.tensor([[log_ratio, 0.0]]), torch.zeros(1, 2), torch.tensor([[1.0, 0.0]])
+    bound = torch.tensor(math.copysign(20.0, log_ratio)).exp()
+    assert truncated_is_weights(old, infer, mask, cap=1e10).tolist() == [[float(bound), 0.0]]
+    metrics = offpolicy_metrics(old, infer, mask, cap=1e10)
+    assert metrics["offpolicy/is_weight_mean"] == metrics["offpolicy/is_weight_max"] == float(bound)
+
+
+def test_a_weight_equal_to_the_cap_is_not_counted_as_truncated():
+    cap = float(torch.tensor(0.5).exp())  # the float the token's weight comes out as
+    old, infer, mask = torch.tensor([[0.5, 0.6]]), torch.zeros(1, 2), torch.ones(1, 2)
+    assert offpolicy_metrics(old, infer, mask, cap=cap)["offpolicy/is_truncated_frac"] == 0.5

@@ -28,7 +28,7 @@ def offpolicy_metrics(
 ) -> dict[str, float]:
     """Over the tokens where mask is 1: the mean and max importance weight before truncation, the share of tokens
     the cap truncates (0 without a cap), and KL(mu || pi_old) estimated with k3 from mu's samples."""
-    valid = mask > 0
+    valid = mask.bool()
     if not bool(valid.any()):
         return {}
     log_ratio = (old_log_probs - infer_log_probs).clamp(-20.0, 20.0)[valid]
