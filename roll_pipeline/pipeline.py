@@ -92,16 +92,22 @@ def init_ray(cfg: PipelineConfig) -> bool:
     needed = sum(s.world_size * s.num_cpus_per_worker for s in sections if s is not None)
     needed += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
     num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
-    # address "local": a cluster of this run's own, even when another one (`ray start`) runs on the machine.
+    start_local_ray(num_cpus)
+    return True
+
+
+def start_local_ray(num_cpus: int, *, num_gpus: int | None = None, log_to_driver: bool = True) -> None:
+    """A Ray cluster of this process's own (address "local": even when another one, `ray start`, runs on the
+    machine) with LOCAL_RAY_SYSTEM_CONFIG; a run's and every test's local cluster start here."""
     ray.init(
         address="local",
         num_cpus=num_cpus,
+        num_gpus=num_gpus,
         include_dashboard=False,
-        log_to_driver=True,
+        log_to_driver=log_to_driver,
         logging_level=logging.WARNING,
         _system_config=LOCAL_RAY_SYSTEM_CONFIG,
     )
-    return True
 
 
 @dataclasses.dataclass

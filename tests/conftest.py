@@ -49,15 +49,9 @@ def local_ray():
     its own)."""
     import ray
 
-    from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG
+    from roll_pipeline.pipeline import start_local_ray
 
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
-    )
+    start_local_ray(4, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -12,7 +12,7 @@ import pytest
 import ray
 
 from roll_pipeline.data.synthetic import TINY_JUDGE_TEMPLATE
-from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG
+from roll_pipeline.pipeline import start_local_ray
 from tests.conftest import EXAMPLES
 from workers.rewards.judge.local import LocalChatClient, LocalJudgeSpec, relay_address
 from workers.rewards.llm_judge import JudgeUnreachable, LLMJudgeScorer
@@ -134,13 +134,7 @@ def test_without_a_relay_the_judge_is_unreachable_at_once(judge_model):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
-    )
+    start_local_ray(2, log_to_driver=False)
     yield
     ray.shutdown()
 

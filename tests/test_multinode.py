@@ -8,7 +8,7 @@ import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG, RLVRPipeline
+from roll_pipeline.pipeline import RLVRPipeline, start_local_ray
 from tests.conftest import EXAMPLES
 from tests.test_pipeline_integration import SMALL
 
@@ -64,13 +64,7 @@ def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_mode
 def test_an_impossible_placement_fails_with_a_clear_error():
     from roll_pipeline.distributed.cluster import reserve_bundles
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
-    )
+    start_local_ray(2, log_to_driver=False)
     try:
         with pytest.raises(
             RuntimeError,

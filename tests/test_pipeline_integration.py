@@ -11,7 +11,7 @@ import ray
 import torch
 
 from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG, RLVRPipeline
+from roll_pipeline.pipeline import RLVRPipeline, start_local_ray
 from tests.conftest import EXAMPLES
 
 SMALL = [
@@ -29,13 +29,7 @@ SMALL = [
 
 @pytest.fixture
 def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=8,
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
-    )
+    start_local_ray(8, log_to_driver=False)
     yield
     ray.shutdown()
 

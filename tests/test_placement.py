@@ -20,7 +20,7 @@ from roll_pipeline.distributed.placement import (
     plan_devices,
     plan_for,
 )
-from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG
+from roll_pipeline.pipeline import start_local_ray
 from tests.conftest import EXAMPLES
 
 
@@ -315,14 +315,7 @@ def _start(pool: DevicePool, name: str):
 @pytest.fixture
 def eight_declared_gpus():
     # Ray accepts GPUs that do not exist as long as nothing touches CUDA.
-    ray.init(
-        address="local",
-        num_cpus=4,
-        num_gpus=8,
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
-    )
+    start_local_ray(4, num_gpus=8, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -416,14 +409,7 @@ def test_a_run_with_colocated_device_mapped_clusters_completes(tmp_path, tiny_mo
         f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ]
     pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
-    ray.init(
-        address="local",
-        num_cpus=4,
-        num_gpus=1,
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
-    )
+    start_local_ray(4, num_gpus=1, log_to_driver=False)
     try:
         pipeline.setup()
         (group,) = pipeline.device_pool.groups

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG
+from roll_pipeline.pipeline import start_local_ray
 from tests.conftest import ROOT
 from workers.rewards import registry
 from workers.rewards.base import RewardResult, RewardScorer
@@ -481,13 +481,7 @@ def test_worker_as_a_ray_actor():
     """In a Ray actor (threads, and a __main__ that is Ray's worker script) the pool starts, scores, and cuts
     a hung verification at the timeout."""
     ray = pytest.importorskip("ray")
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
-    )
+    start_local_ray(2, log_to_driver=False)
     try:
         actor = ray.remote(RewardWorker).remote("math", "math_rule", {}, 2.0, 2)
         results = ray.get(

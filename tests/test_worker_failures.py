@@ -112,14 +112,25 @@ def assert_every_group_once(batch) -> None:
     assert len({g[0] for g in groups}) == SHARE, groups
 
 
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, tiny_model, mlflow_db):
-    tmp_path = tmp_path_factory.mktemp("failures")
+def start_pipeline(tmp_path: Path, tiny_model: Path, mlflow_db, **top) -> RLVRPipeline:
+    """A set-up pipeline for `write_config(..., **top)`; `pipeline.marks` is the folder its scorer marks."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    pipeline = RLVRPipeline(load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db")), []))
-    pipeline.setup()
+    pipeline = RLVRPipeline(
+        load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db"), **top), [])
+    )
+    try:
+        pipeline.setup()
+    except BaseException:
+        pipeline.shutdown()
+        raise
     pipeline.marks = marks
+    return pipeline
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, tiny_model, mlflow_db):
+    pipeline = start_pipeline(tmp_path_factory.mktemp("failures"), tiny_model, mlflow_db)
     yield pipeline
     pipeline.shutdown()
 

@@ -7,37 +7,26 @@ from __future__ import annotations
 import pytest
 import ray
 
-from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import RLVRPipeline, WorkerDiedError
-from tests.test_worker_failures import SHARE, N, during_rollout, write_config
+from roll_pipeline.pipeline import WorkerDiedError
+from tests.test_worker_failures import SHARE, N, during_rollout, start_pipeline
 
 
 @pytest.fixture
 def pipeline(tmp_path, tiny_model, mlflow_db):
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    pipeline = RLVRPipeline(load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db")), []))
-    try:
-        pipeline.setup()
-        pipeline.marks = marks
-        yield pipeline
-    finally:
-        pipeline.shutdown()
+    pipeline = start_pipeline(tmp_path, tiny_model, mlflow_db)
+    yield pipeline
+    pipeline.shutdown()
 
 
 @pytest.mark.slow
 def test_a_dead_actor_train_stops_the_run_and_names_the_checkpoint_to_resume_from(tmp_path, tiny_model, mlflow_db):
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    cfg = load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db"), save_steps=1), [])
-    pipeline = RLVRPipeline(cfg)
+    pipeline = start_pipeline(tmp_path, tiny_model, mlflow_db, save_steps=1)
+
+    def kill_after_first(step, metrics):
+        if step == 1:
+            ray.kill(pipeline.actor_train.workers[0])
+
     try:
-        pipeline.setup()
-
-        def kill_after_first(step, metrics):
-            if step == 1:
-                ray.kill(pipeline.actor_train.workers[0])
-
         with pytest.raises(WorkerDiedError) as info:
             pipeline.run(on_step=kill_after_first)
     finally:

@@ -178,19 +178,17 @@ def gae_advantages(
     The value after a response's last valid token is 0 (the episode ends there). Returns are advantages + values.
     Rewards and values on padding are never read: a padded position passes the running values through.
     """
-    rewards, vals = token_level_rewards, values
-    advantages = torch.zeros_like(rewards)
-    next_adv = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
-    next_value = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
-    for t in reversed(range(rewards.shape[1])):
-        m = response_mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - vals[:, t]
+    advantages = torch.zeros_like(token_level_rewards)
+    next_adv = torch.zeros(advantages.shape[0], dtype=advantages.dtype)
+    next_value = torch.zeros(advantages.shape[0], dtype=advantages.dtype)
+    for t in reversed(range(advantages.shape[1])):
+        valid = response_mask[:, t].bool()
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
         adv = delta + gamma * lambd * next_adv
-        valid = m.bool()
         next_adv = torch.where(valid, adv, next_adv)
-        next_value = torch.where(valid, vals[:, t], next_value)
+        next_value = torch.where(valid, values[:, t], next_value)
         advantages[:, t] = torch.where(valid, adv, torch.zeros_like(adv))
-    returns = (advantages + vals) * response_mask
+    returns = (advantages + values) * response_mask
     return advantages, returns
 
 
