@@ -41,18 +41,22 @@ class SandboxFusionStub:
                     failure = stub.fail_with.pop(0) if stub.fail_with else None
                     stub.in_flight += 1
                     stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+                # A request stops counting as in flight before its answer is written: the client frees its slot
+                # as soon as it reads the answer, and its next request may reach this server before this thread
+                # would otherwise get to decrement (CI once saw 3 in flight with 2 slots that way).
                 try:
                     if stub.delay_s:
                         time.sleep(stub.delay_s)
                     if self.path != "/run_code":
-                        self._answer(404, {"detail": "Not Found"})
+                        code, payload = 404, {"detail": "Not Found"}
                     elif failure is not None:
-                        self._answer(failure, {"detail": "injected failure"})
+                        code, payload = failure, {"detail": "injected failure"}
                     else:
-                        self._answer(200, stub.run_code(body))
+                        code, payload = 200, stub.run_code(body)
                 finally:
                     with stub._lock:
                         stub.in_flight -= 1
+                self._answer(code, payload)
 
             def _answer(self, code: int, payload: dict) -> None:
                 data = json.dumps(payload).encode()

@@ -81,8 +81,11 @@ def test_same_spec_is_cached_and_new_seed_rebuilds(built, tmp_path):
 
 # What a different machine changes: its core count (OMP_NUM_THREADS), and the vector units torch, MKL and glibc
 # find (an AVX2-only CPU, emulated on an AVX-512 one: torch's kernels as it picks them there, MKL's and glibc's).
-# Without the build's pinned kernels this machine's build and the emulated one differ (measured 2026-11-24 on an AVX-512 AMD EPYC, full build: 0c25241d... against 52688a35...;
-# this short one differs too). On a CPU without AVX-512 the emulation changes nothing, so there the test shows less.
+# Without the build's pinned kernels this machine's build and the emulated one differ (measured 2026-11-24 on an
+# AVX-512 AMD EPYC, full build: 0c25241d... against 52688a35..., the reference of then; this short one differs too).
+# Another vendor cannot be emulated: test_the_embedded_models_make_test_built_are_the_reference_builds is what
+# catches it, on whichever processor CI draws (it caught an Intel Xeon building another model than the EPYC).
+# On a CPU without AVX-512 the emulation changes nothing, so there the test shows less.
 OTHER_MACHINE = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",

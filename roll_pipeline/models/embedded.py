@@ -34,12 +34,12 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     for model in (
         EmbeddedModel("tiny-qwen2", "the policy of the math and code examples",
                       ("math_train.jsonl", "code_train.jsonl"),
-                      "52688a35faebb970a843e259f6157821bbbbc0d31079aff8960c949b94031dce"),
+                      "0df32600af5ba39a5b54ae5a6e45e8dfdbdf32cfc0506d5c0bb04452585cc6db"),
         EmbeddedModel("tiny-qwen2-multi", "the policy of the three-domain examples",
                       ("math_train.jsonl", "code_train.jsonl", "open_train.jsonl"),
-                      "36aff445d27da7276e0b39417d5ea55f20ce847437c5f2f2136cef8a496b2a6a"),
+                      "4f8983425b9da935b1e8c610d1328d3213dcc1e2d8c4a2e53aeb9a240dc7329c"),
         EmbeddedModel("tiny-qwen2-judge", "the judge of the open-answer domain", ("judge_train.jsonl",),
-                      "e125a2fc72c61b8a707918a49cd834c6dd48ff83e8d5b5fefc0ceb7e1ee2a1f3", judge=True),
+                      "d12822322a8c6eea3fa9594d487280bbb1a1fa39148216d184a5b0432ece8ad3", judge=True),
     )
 }
 

@@ -42,16 +42,19 @@ logger = logging.getLogger(__name__)
 
 BUILD_INFO = "build_info.json"
 # Bumped when the build procedure changes in a way the hyperparameters do not capture, to invalidate caches.
-BUILD_FORMAT = 2
-#: Environment of the build's child process. ATen's vector code and MKL's BLAS are held to their AVX2 paths, which
-#: every x86-64 processor of the last decade has (ATEN_CPU_CAPABILITY, MKL_CBWR), so an AVX-512 machine computes
-#: what an AVX2-only one does; a fixed number of intra-op threads, so the split of reductions never depends on the
-#: core count. Measured on a 2-core AVX-512 AMD EPYC (2026-11-24): unpinned, the weights changed when MKL and ATen
-#: were told the CPU had only AVX2; pinned, they were the same with and without that, and with 1 or 2 threads
-#: (1 thread: 105 s, 2 threads: 63 s).
+BUILD_FORMAT = 3
+#: Environment of the build's child process. ATen's vector code is held to its AVX2 path, which every x86-64
+#: processor of the last decade has (ATEN_CPU_CAPABILITY), so an AVX-512 machine computes what an AVX2-only one
+#: does; MKL's BLAS to its one code path that Intel and AMD processors run alike (MKL_CBWR=COMPATIBLE: SSE2
+#: without the approximate rcpps/rsqrtps, whose results differ between vendors); a fixed number of intra-op
+#: threads, so the split of reductions never depends on the core count. MKL_CBWR=AVX2 is not enough: MKL honours
+#: it on Intel processors only and falls back to its automatic, vendor-specific branch elsewhere. Measured
+#: 2026-11-24 on a 2-core AVX-512 AMD EPYC: unpinned, the weights changed when MKL and ATen were told the CPU had
+#: only AVX2. Measured 2026-11-25 on a 2-core AVX-512 Intel Xeon: with MKL_CBWR=AVX2 tiny-qwen2 was not the
+#: EPYC's build (5d14fccf... against 52688a35...), which is what moved the pin to COMPATIBLE (build 74 s -> 138 s).
 BUILD_THREADS = 2
-PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": str(BUILD_THREADS),
-                  "MKL_NUM_THREADS": str(BUILD_THREADS)}
+PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_THREADS": str(BUILD_THREADS),
+                  "MKL_NUM_THREADS": str(BUILD_THREADS), "MKL_DYNAMIC": "FALSE"}
 WEIGHTS_FILE = "model.safetensors"
 RESULTS_FILE = ".build_results.json"
 # Warm-up steps between progress log lines; not part of the spec because it does not change the model.
