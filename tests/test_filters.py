@@ -95,3 +95,39 @@ def test_group_filters_see_only_the_responses_the_response_filters_kept():
     # every response rejected: dropped by the response filters; no response filter: all seen
     assert filter_group(group(1.0, 0.0, finish="length"), {"truncated": {}}, {})[1] == "response_filters"
     assert filter_group(group(1.0, 0.0, finish="length"), {}, {"std_filter": {}}) == ([None, None], None)
+
+
+def test_std_filter_drops_a_single_scored_response_whatever_the_threshold():
+    # one score has no spread, even against a threshold below zero
+    assert std_filter(group(1.0, None), min_std=-1.0) is False
+    assert std_filter(group(1.0, 0.0), min_std=-1.0) is True
+
+
+def test_mean_filter_defaults_keep_every_mean_in_zero_to_one_and_nothing_outside():
+    for scores in [(0.0, 0.0), (1.0, 0.0), (1.0, 1.0)]:
+        assert mean_filter(group(*scores)) is True, scores
+    assert mean_filter(group(-0.5, -0.5)) is False
+    assert mean_filter(group(1.5, 1.5)) is False
+
+
+def test_truncated_drops_only_length_whatever_the_string_object():
+    # finish reasons arrive deserialised from other processes: equal strings, not the same object
+    assert truncated({"finish_reason": "".join(["len", "gth"])}) is False
+    assert truncated({"finish_reason": "abort"}) is True  # vLLM's third reason: not a truncation
+
+
+def test_check_filters_reports_every_bad_spec_and_accepts_every_real_parameter():
+    problems = dict(check_filters(GROUP_FILTERS, {"mean_filter": [0.1], "std_filter": {"min_sd": 0.1}}))
+    assert set(problems) == {"mean_filter", "std_filter.min_sd"}
+    assert dict(check_filters(GROUP_FILTERS, {"mean_filter": {"low": 0.1, "high": 0.9},
+                                              "std_filter": {"min_std": 0.1}})) == {}
+    # the group itself is not a parameter
+    assert "std_filter.group" in dict(check_filters(GROUP_FILTERS, {"std_filter": {"group": []}}))
+    assert "it takes none" in dict(check_filters(RESPONSE_FILTERS, {"truncated": {"x": 1}}))["truncated.x"]
+
+
+def test_apply_response_filters_names_the_first_of_several_rejecting_filters(monkeypatch):
+    monkeypatch.setitem(RESPONSE_FILTERS._items, "short", lambda r: r["response_length"] > 5)
+    records = group(1.0, finish="length")  # response_length 3: both filters reject it
+    assert apply_response_filters(records, {"truncated": {}, "short": {}}) == ["truncated"]
+    assert apply_response_filters(records, {"short": {}, "truncated": {}}) == ["short"]

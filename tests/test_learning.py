@@ -81,14 +81,15 @@ def test_example_config_raises_validation_accuracy(example, extra, tmp_path, tin
         assert all(pipeline.history[s]["offpolicy/is_weight_mean"] > 0 for s in range(1, STEPS + 1))
     else:
         assert staleness == [0.0] * STEPS
-    # At least 3 more of the 32 prompts answered right. Measured with `python -m benchmarks.learning_spread --seeds
-    # 1 2 3 4 5` (2026-11-24, the reference build of tiny-qwen2, which starts at 0.719 = 23 of 32 prompts): gains
-    # after 20 steps, min / median / max over the 5 seeds: GRPO +4/+4/+5, DAPO +4/+5/+5, PPO+GAE +4/+4/+4,
-    # async GRPO +4/+4/+5. Each of those runs also had its own thread scheduling (this mode is not bitwise
-    # repeatable: requests finish in any order, so batches differ), so the spread holds both sources. Without
-    # training the greedy validation is the same at both ends (gain 0), so 3 sits one prompt below every measured
-    # run and three above no learning. The model the runs start from is the same on every machine (see
-    # roll_pipeline/models/tiny.py): before its build was pinned, a machine with other vector units built a model
-    # that started at 0.594 and gained 1-2 prompts here.
+    # At least 2 more of the 32 prompts answered right. Measured with `python -m benchmarks.learning_spread --seeds
+    # 1 2 3 4 5` and `--seeds 6 7 8 9 10` (2026-11-25, the reference build of tiny-qwen2, which starts at 0.781 = 25
+    # of 32 prompts): gains after 20 steps, min / median / max over the 10 seeds: GRPO +3/+4/+5, DAPO +3/+4/+5,
+    # PPO+GAE +3/+4/+5, async GRPO +3/+4/+5 (every case gained +3 at least twice). Each of those runs also had its
+    # own thread scheduling (this mode is not bitwise repeatable: requests finish in any order, so batches differ),
+    # so the spread holds both sources. Without training the greedy validation is the same at both ends (gain 0),
+    # so 2 sits one prompt below every measured run and two above no learning. The model the runs start from is the
+    # same on every machine (see roll_pipeline/models/tiny.py): before its build was pinned, a machine with other
+    # vector units built a model that started at 0.594 and gained 1-2 prompts here. (The build of 2026-11-24,
+    # which started at 0.719, gained +4 at least on 5 seeds; the bound was 3 then.)
     gained = round((end - start) * PROMPTS)
-    assert gained >= 3, f"{example}: accuracy {start:.3f} -> {end:.3f} after {STEPS} steps"
+    assert gained >= 2, f"{example}: accuracy {start:.3f} -> {end:.3f} after {STEPS} steps"
