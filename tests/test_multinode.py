@@ -3,19 +3,24 @@ placed one per node by `placement: strict_spread`, and a short run that complete
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import RLVRPipeline, start_local_ray
+from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG, RLVRPipeline, start_local_ray
 from tests.conftest import EXAMPLES
 from tests.test_pipeline_integration import SMALL
 
 
 @pytest.fixture
 def two_nodes():
-    cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 4})
+    # The run's own settings (workers at the driver's niceness, not Ray's 15: under two busy processes a worker at
+    # 15 compiling DeepSpeed's C++ op got 3% of a core and the test timed out).
+    head = {"num_cpus": 4, "_system_config": LOCAL_RAY_SYSTEM_CONFIG}
+    cluster = RayTestCluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=4)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
@@ -51,6 +56,8 @@ def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_mode
             assert len(set(placed)) == 2 and set(placed) == nodes, (
                 f"{cluster.name} ranks share a node: {placed}"
             )
+            niceness = ray.get([w.__ray_call__.remote(lambda self: os.nice(0)) for w in cluster.workers])
+            assert niceness == [os.nice(0)] * 2, f"{cluster.name} on both nodes at the driver's priority"
         summary = pipeline.run()
         assert summary["steps"] == 2
         # both actor_infer ranks served generation requests
