@@ -364,7 +364,8 @@ def test_a_plan_bigger_than_the_ray_cluster_fails_before_reserving(eight_declare
 def test_two_nodes_hold_one_placement_group_each():
     from ray.cluster_utils import Cluster as RayTestCluster
 
-    cluster = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 8, "_system_config": LOCAL_RAY_SYSTEM_CONFIG})
+    head = {"num_cpus": 2, "num_gpus": 8, "_system_config": LOCAL_RAY_SYSTEM_CONFIG}
+    cluster = RayTestCluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=2, num_gpus=8)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)

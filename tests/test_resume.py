@@ -43,9 +43,9 @@ VARIANTS = {
     # restore beyond the sync run is the rollout generated ahead (saved with the checkpoint) and the controller's
     # coefficient. (Unseeded sampling cannot be compared bitwise: which prompts a scheduler draws, and how many
     # random draws a request aborted mid-generation takes from actor_infer's RNG, follow timing. An unseeded
-    # variant with one request in flight failed that way (a fresh clone, and here once in two runs): resumed from step 2, its step-4
-    # rollout drew 4 prompts where the uninterrupted run drew 6. The RNG states are
-    # test_resume_restores_every_rng_state's.)
+    # variant with one request in flight failed that way, in a fresh clone and once in two runs on another
+    # machine: resumed from step 2, its step-4 rollout drew 4 prompts where the uninterrupted run drew 6. The
+    # RNG states are test_resume_restores_every_rng_state's.)
     "async_adaptive_kl": {
         "async_generation_ratio": 1.0,
         "infer_is_cap": 2.0,
@@ -225,8 +225,9 @@ def same_rng_states(a: dict, b: dict) -> bool:
     return a["python"] == b["python"] and numpy_equal and torch.equal(a["torch"], b["torch"])
 
 
-def worker_rng(worker) -> dict:
-    return ray.get(worker.__ray_call__.remote(lambda self: __import__("workers.base").base.rng_states()))
+def train_rng(worker) -> dict:
+    """An actor_train rank's global RNG states (actor_infer has `rng_state` for checkpoints; actor_train does not)."""
+    return ray.get(worker.__ray_call__.remote(lambda self: rng_states()))
 
 
 @pytest.mark.slow
@@ -242,22 +243,23 @@ def test_resume_restores_every_rng_state(tmp_path, tiny_model, mlflow_db):
     try:
         pipeline.setup()
         infer, train = pipeline.actor_infer.workers[0], pipeline.actor_train.workers[0]
-        started = worker_rng(infer)
+        started = ray.get(infer.rng_state.remote())
         pipeline.run()  # one unseeded step, then its checkpoint
         checkpoint = latest_checkpoint(checkpoint_root(tmp_path / "run"))
-        saved = {"infer": worker_rng(infer), "train": worker_rng(train), "driver": rng_states()}
+        saved = {"infer": ray.get(infer.rng_state.remote()), "train": train_rng(train), "driver": rng_states()}
         assert not same_rng_states(saved["infer"], started), "sampling drew from actor_infer's RNG"
         # Every process draws on: the states move away from the saved ones.
-        pipeline.actor_infer.call("generate_request", "draw", [[1, 2, 3]], pipeline.cfg.actor_infer.generating_args, 2)
+        args = pipeline.cfg.actor_infer.generating_args
+        pipeline.actor_infer.call("generate_request", "draw", [[1, 2, 3]], args, 2)
         ray.get(train.__ray_call__.remote(lambda self: __import__("torch").rand(3)))
         random.random()
         np.random.rand()
         torch.rand(1)
-        moved = {"infer": worker_rng(infer), "train": worker_rng(train), "driver": rng_states()}
+        moved = {"infer": ray.get(infer.rng_state.remote()), "train": train_rng(train), "driver": rng_states()}
         assert not any(same_rng_states(saved[k], moved[k]) for k in saved)
 
         pipeline.restore(checkpoint)
-        restored = {"infer": worker_rng(infer), "train": worker_rng(train), "driver": rng_states()}
+        restored = {"infer": ray.get(infer.rng_state.remote()), "train": train_rng(train), "driver": rng_states()}
         assert {k: same_rng_states(saved[k], restored[k]) for k in saved} == dict.fromkeys(saved, True)
     finally:
         pipeline.shutdown()
