@@ -51,13 +51,15 @@ test-fast: model
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Mutation testing of the core with cosmic-ray (mutation/run.py; results in MUTATION.md). Not part of `make test`:
-# every target takes minutes to an hour on 2 cores. MODULES=path/to/module.py runs only those targets.
+# every target takes minutes to an hour on 2 cores. MODULES=path/to/module.py runs only those targets;
+# MUTATION_ARGS=--survivors runs only the mutants that survived their saved run (after adding tests).
 .PHONY: mutation
 MODULES ?=
+MUTATION_ARGS ?=
 mutation: install
 	$(BIN)/pip freeze | grep -v -E '^(-e| *#)| @ ' > $(VENV)/mutation-constraints.txt
 	$(BIN)/pip install --quiet -c $(VENV)/mutation-constraints.txt -e ".[mutation]"
-	$(BIN)/python -m mutation.run $(MODULES)
+	$(BIN)/python -m mutation.run $(MUTATION_ARGS) $(MODULES)
 
 # Debian's Chromium and ChromeDriver for the test that opens the MLflow UI (skipped when both are there).
 browser:

@@ -9,12 +9,17 @@ annotation is evaluated, so they are equivalent by construction. As many mutants
 each in its own copy (cosmic-ray's http workers). The counts and the surviving mutants go to mutation/results/<module>.json and MUTATION.md is written again
 from every result there, so modules can be run one at a time. Not part of `make test`: a module takes minutes
 to an hour on 2 cores.
+
+`--survivors` runs again only the mutants that survived a module's saved run (after tests were added) and
+updates its counts: the mutants the saved run caught stay caught, since tests were only added. It refuses a
+module whose source changed since that run (its sha256 is in the result): then its mutants are not the same.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import shutil
@@ -103,10 +108,50 @@ def skip_annotations(session: Path, source: str) -> int:
     return skipped
 
 
-def run_target(target: dict, workers: int) -> dict:
+def source_sha256(module: str) -> str:
+    return hashlib.sha256((ROOT / module).read_bytes()).hexdigest()
+
+
+def result_path(module: str) -> Path:
+    return RESULTS / (module.replace("/", ".").removesuffix(".py") + ".json")
+
+
+def mutant_id(item) -> str:
+    (mutation,) = item.mutations
+    return f"{mutation.start_pos[0]}:{mutation.operator_name}:{mutation.occurrence}"
+
+
+def skip_all_but(session: Path, ids: set[str]) -> int:
+    """Marks every mutant not in `ids` skipped (caught by the saved run); returns how many are left to run."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    left = 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in list(db.pending_work_items):
+            if mutant_id(item) in ids:
+                left += 1
+            else:
+                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="caught before"))
+    return left
+
+
+def saved_survivors(module: str) -> dict:
+    path = result_path(module)
+    if not path.is_file():
+        raise SystemExit(f"{module}: --survivors needs a saved run ({path.relative_to(ROOT)} is missing)")
+    saved = json.loads(path.read_text())
+    if saved.get("source_sha256") != source_sha256(module):
+        raise SystemExit(f"{module}: the source changed since the saved run; run the module whole")
+    return saved
+
+
+def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict:
     """Mutate one module, `workers` mutants at a time, each worker in a fresh copy of the tree (cosmic-ray
-    mutates the file in place); returns the results."""
+    mutates the file in place); returns the results. With `survivors_only`, only the saved run's survivors run
+    and the saved counts are updated."""
     module, tests = target["module"], target["tests"]
+    saved = saved_survivors(module) if survivors_only else None
     with tempfile.TemporaryDirectory(prefix="roll-mutation-") as tmp:
         copies = [Path(tmp) / f"copy{i}" for i in range(workers)]
         for copy in copies:
@@ -136,6 +181,12 @@ def run_target(target: dict, workers: int) -> dict:
         subprocess.run([*cosmic, "init", str(config), str(session)], cwd=work, env=env, check=True)
         skipped = skip_annotations(session, (ROOT / module).read_text())
         total = count_mutants(session)
+        if saved is not None:
+            ids = {m["id"] for m in saved["survivors"]}
+            left = skip_all_but(session, ids)
+            if left != len(ids):
+                raise SystemExit(f"{module}: {len(ids) - left} saved survivors are not among the mutants now")
+            print(f"{module}: of {total - skipped} mutants, the saved run's {left} survivors only", flush=True)
         print(
             f"{module}: {total - skipped} mutants ({skipped} in annotations not run), tests {' '.join(tests)}, "
             f"limit {limit:.0f} s each, {workers} at a time",
@@ -161,13 +212,21 @@ def run_target(target: dict, workers: int) -> dict:
         for copy in copies:
             if (copy / module).read_text() != (ROOT / module).read_text():
                 raise SystemExit(f"{module}: a copy was left mutated; results not trusted")
+    counts = summarize(mutants)
+    run_s = round(time.monotonic() - started)
+    if saved is not None:  # the rerun survivors' outcomes replace theirs in the saved counts
+        for m in saved["survivors"]:
+            saved["counts"][m["outcome"] if m["outcome"] in counts else "other"] -= 1
+        counts = {key: saved["counts"][key] + n for key, n in counts.items()}
+        run_s += saved["run_s"]
     return {
         "module": module,
+        "source_sha256": source_sha256(module),
         "tests": tests,
         "goal": target["goal"],
         "limit_s": round(limit),
-        "run_s": round(time.monotonic() - started),
-        "counts": summarize(mutants),
+        "run_s": run_s,
+        "counts": counts,
         "survivors": [m for m in mutants if m["outcome"] not in CAUGHT],
     }
 
@@ -271,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help="modules to mutate (default: every target)")
     parser.add_argument("--report-only", action="store_true", help="write MUTATION.md from the saved results")
+    parser.add_argument(
+        "--survivors", action="store_true", help="run only the saved run's survivors (the module unchanged)"
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     args = parser.parse_args(argv)
     targets, explained = load_targets()
@@ -281,9 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         RESULTS.mkdir(parents=True, exist_ok=True)
         for module in args.modules or list(known):
-            result = run_target(known[module], args.workers)
-            name = module.replace("/", ".").removesuffix(".py") + ".json"
-            (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
+            result = run_target(known[module], args.workers, args.survivors)
+            result_path(module).write_text(json.dumps(result, indent=1) + "\n")
             print(f"{module}: {result['counts']}", flush=True)
             write_report(explained)
     write_report(explained)

@@ -65,14 +65,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     1), as a running product so large n does not overflow."""
     if not 0 < k <= n or not 0 <= c <= n:
         raise ValueError(f"pass@k needs 0 < k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
+    # With fewer than k wrong samples (n - c < k) the factor i = k is 0, and pass@k is exactly 1.
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 def pass_ks(k: int) -> list[int]:
     """The j of the reported pass@j: powers of two below k, and k."""
-    return sorted({2**i for i in range(k.bit_length()) if 2**i < k} | {k})
+    return sorted({2**i for i in range(k.bit_length())} | {k})
 
 
 def majority_correct(votes: Sequence[tuple[Hashable | None, bool]]) -> float:

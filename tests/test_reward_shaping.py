@@ -220,3 +220,100 @@ def test_default_shaping_changes_nothing():
     )
     assert torch.equal(shaped, scores * sample_mask)
     assert torch.equal(mask, sample_mask)
+
+
+def test_fresh_running_moments_are_zero_and_one_value_has_no_spread():
+    running = RunningMoments()
+    assert running.state_dict() == {"count": 0, "mean": 0.0, "m2": 0.0}
+    assert running.std == 0.0
+    running.update(torch.tensor([]))
+    assert running.state_dict() == {"count": 0, "mean": 0.0, "m2": 0.0}
+    running.update(torch.tensor([5.0]))
+    assert (running.count, running.mean, running.std) == (1, 5.0, 0.0)
+
+
+def test_difficulty_mask_bounds_are_inclusive_and_a_group_without_a_valid_sample_is_masked():
+    # group means over valid samples: 0.25, 0.75, 0 (one valid sample), 1, none valid, 0.125
+    scores = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0.5, 0.5, 1, 0, 0, 0, 0, 0, 0, 0])
+    groups = torch.tensor([0] * 4 + [1] * 4 + [2] * 2 + [3] * 2 + [4] * 2 + [5] * 8)
+    valid = torch.tensor([1.0] * 8 + [1, 0] + [1, 1] + [0, 0] + [1] * 8)
+    keep = difficulty_mask(scores, groups, valid, low=0.25, high=0.75)
+    assert keep.tolist() == [1.0] * 8 + [0.0] * 14
+    keep = difficulty_mask(scores, groups, valid, low=0.0, high=1.0)
+    assert keep.tolist() == [1.0] * 12 + [0.0] * 2 + [1.0] * 8
+    keep = difficulty_mask(scores, groups, valid, low=0.0, high=0.0)  # only groups that got everything wrong
+    assert keep.tolist() == [0.0] * 8 + [1.0] * 2 + [0.0] * 12
+
+
+def test_length_mask_spares_correct_responses_only_when_asked():
+    lengths = torch.tensor([3, 11, 11])
+    correct = torch.tensor([False, True, False])
+    assert length_mask(lengths, 10, correct).tolist() == [1.0, 0.0, 0.0]
+    assert length_mask(lengths, 10, correct, only_incorrect=False).tolist() == [1.0, 0.0, 0.0]
+    assert length_mask(lengths, 10, correct, only_incorrect=True).tolist() == [1.0, 1.0, 0.0]
+
+
+def shape_one_domain(scores, groups, sample_mask, lengths, correct, cfg, max_length=8, domain="math"):
+    lengths = torch.tensor(lengths)
+    response_mask = (torch.arange(max(lengths.max().item(), 1)) < lengths.unsqueeze(-1)).float()
+    moments = DomainRewardMoments()
+    shaped, mask, metrics = shape_scores(
+        torch.tensor(scores), [domain] * len(scores), torch.tensor(groups), torch.tensor(sample_mask),
+        response_mask, correct, cfg, moments, max_length,
+    )
+    return shaped, mask, {k.rsplit("/", 1)[1]: v for k, v in metrics.items()}, moments[domain]
+
+
+def test_shaping_metrics_count_and_average_over_the_samples_left_in_the_loss():
+    cfg = RewardShapingConfig(
+        reward_scale=2.0,
+        reward_clip=1.0,
+        overlong_penalty=OverlongPenaltyConfig(buffer_len=4),
+        difficulty_mask=DifficultyMaskConfig(low=0.0, high=0.9),
+        length_mask=LengthMaskConfig(max_tokens=6),
+    )
+    shaped, mask, metrics, running = shape_one_domain(
+        scores=[1.0, 1, 1, 0, 0, 0, 1, 0],
+        groups=[0, 0, 1, 1, 2, 2, 3, 3],
+        sample_mask=[1.0, 1, 1, 1, 1, 0, 1, 1],
+        lengths=[2, 8, 6, 7, 3, 8, 5, 3],
+        correct=[True, True, True, False, False, False, True, False],
+        cfg=cfg,
+    )
+    # difficulty: group 0 (mean 1 > 0.9) leaves the loss, 2 samples; sample 5 was out already
+    assert metrics["masked_difficulty"] == 2.0
+    # length > 6 among the samples still in: sample 3 (7 tokens); samples 1 and 5 (8) were out already
+    assert metrics["masked_length"] == 1.0
+    assert mask.tolist() == [0.0, 0, 1, 0, 1, 0, 1, 1]
+    assert metrics["samples_in_loss"] == 4.0
+    # penalties (max 8, buffer 4) of the 4 samples in the loss: -0.5, 0, -0.25, 0
+    assert metrics["overlong_penalty"] == pytest.approx(-0.75 / 4)
+    # penalised scores in the loss: 0.5, 0, 0.75, 0 -> the running moments; x2: 1.0 (at the clip, kept), 1.5
+    assert (running.count, running.mean) == (4, pytest.approx(1.25 / 4))
+    assert metrics["running_mean"] == pytest.approx(1.25 / 4)
+    assert metrics["clip_frac"] == 0.25
+    assert shaped.tolist() == [0.0, 0, 1, 0, 0, 0, 1, 0]
+    assert metrics["score_mean"] == 0.5
+
+
+def test_shaping_metrics_with_one_sample_and_with_none_in_the_loss():
+    cfg = RewardShapingConfig(reward_clip=0.1, overlong_penalty=OverlongPenaltyConfig(buffer_len=4))
+    shaped, _, metrics, _ = shape_one_domain([0.5, 1.0], [0, 0], [1.0, 0.0], [8, 8], [False, True], cfg)
+    assert shaped.tolist() == pytest.approx([-0.1, 0.0])
+    assert (metrics["overlong_penalty"], metrics["clip_frac"]) == (-1.0, 1.0)
+    assert metrics["score_mean"] == pytest.approx(-0.1)
+    shaped, _, metrics, running = shape_one_domain([0.5, 1.0], [0, 0], [0.0, 0.0], [8, 8], [False, True], cfg)
+    assert shaped.tolist() == [0.0, 0.0]
+    names = ("overlong_penalty", "clip_frac", "score_mean", "samples_in_loss")
+    assert {k: metrics[k] for k in names} == dict.fromkeys(names, 0.0)
+    assert (running.count, metrics["running_mean"], metrics["running_std"]) == (0, 0.0, 0.0)
+
+
+def test_domain_names_read_from_data_are_matched_by_value():
+    scores, domains, groups, sample_mask, response_mask, correct = make_batch()
+    cfg = RewardShapingConfig(norm_mean_type="batch", norm_std_type="batch")
+    fresh = ["".join(d) for d in domains]  # new string objects, as decoded from a dataset or a Ray message
+    batch = (groups, sample_mask, response_mask, correct, cfg)
+    expected, _, _ = shape_scores(scores, domains, *batch, DomainRewardMoments(), 8)
+    got, _, _ = shape_scores(scores, fresh, *batch, DomainRewardMoments(), 8)
+    assert torch.equal(got, expected)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -13,11 +14,15 @@ from workers.rewards.math_rule import (
     answers_match,
     extract_answer,
     find_answer,
+    last_answer_phrase,
+    last_answer_tag,
+    last_boxed,
     length_penalty,
     normalize_answer,
     parse_number,
     thinking_well_formed,
 )
+from workers.rewards.registry import get_reward_scorer_cls
 
 # (response, ground truth, expected correct, expected answer_found). The first block holds the cases users of
 # other frameworks reported as wrongly scored.
@@ -185,10 +190,77 @@ def test_extract_order_is_configurable():
         ("plain", False, "plain"),
         ("plain", True, ""),
         ("a</think>b", True, "b"),
+        ("</think>b", True, "b"),  # a template that opens the thinking, and a model that closed it at once
     ],
 )
 def test_after_thinking(response, require, after):
     assert after_thinking(response, require) == after
+
+
+def test_after_thinking_takes_an_untagged_response_whole_unless_told_to_require_thinking():
+    assert after_thinking("plain 42") == "plain 42"
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("<ANSWER>12</ANSWER>", "12"),  # tags in any case
+        ("<answer>\n12\n</answer>", "12"),  # over several lines
+        ("<answer>3</answer> on reflection <answer>4</answer>", "4"),  # the last one
+        ("<answer>3</answer> <answer>forty two</answer>", "forty two"),  # the last one, also as plain words
+        ("<answer>the answer is 3</answer> <answer>4</answer>", "4"),  # the last one, phrase or not
+        ("<answer>3</answer><answer> </answer>", None),  # the last one is empty: no answer
+    ],
+)
+def test_last_answer_tag(response, answer):
+    assert last_answer_tag(response) == answer
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("The answer is 3\nno, the answer is 4", "4"),  # the last phrase
+        ("Final answer: my answer is 7, so the answer is 8", "8"),  # the last trigger of the line
+        ("So the answer is $\\boxed{12}$ here", "12"),  # boxed inside the phrase
+        ("the answer is $$", None),  # empty math: nothing stated
+        ("the answer is $", "$"),  # a lone dollar is not math delimiters
+        ("the answer is $5", "$5"),  # delimiters only when the phrase opens and closes with them
+        ("the answer is 5$", "5$"),
+        ("the answer is $5!", "$5!"),
+        ('the answer is "5$', '"5$'),
+        ("the answer is $5$", "5"),
+    ],
+)
+def test_last_answer_phrase(text, answer):
+    assert last_answer_phrase(text) == answer
+
+
+def test_last_boxed_counts_only_braces_whatever_other_characters_it_holds():
+    assert last_boxed("\\boxed{x \u2265 2~3}") == "x \u2265 2~3"
+    assert last_boxed("\\boxed{\\{1, 2\\} \u222a \\{3\\}} and more") == "\\{1, 2\\} \u222a \\{3\\}"
+
+
+def test_an_answer_math_verify_cannot_parse_is_wrong():
+    assert not answers_match("}{", "\\frac{1}{2}")
+    assert not answers_match("}{", "}{")
+
+
+def test_the_math_verify_timeout_notice_is_dropped_and_nothing_else(scorer):
+    scorer.score("\\boxed{\\frac{1}{2}}", "0.5")  # math-verify runs: its loggers get the filter, once each
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        scorer.score("\\boxed{\\frac{1}{2}}", "0.5")
+        assert len(logger.filters) == 1, name
+
+        def record(msg, name=name):
+            return logging.LogRecord(name, logging.WARNING, __file__, 1, msg, None, None)
+
+        assert not logger.filter(record("Timeout is disabled as parsing_timeout is None or <= 0, ..."))
+        assert logger.filter(record("Error during comparison"))
+
+
+def test_math_rule_is_the_registered_scorer():
+    assert get_reward_scorer_cls("math_rule") is MathRuleScorer
 
 
 def test_require_thinking_for_templates_that_open_it_in_the_prompt():
@@ -220,6 +292,7 @@ def test_thinking_well_formed():
     assert thinking_well_formed("no tags")
     assert thinking_well_formed("<think>a</think>b") and thinking_well_formed(" a</think>b")
     assert not thinking_well_formed("<think>a") and not thinking_well_formed("a</think>b</think>")
+    assert not thinking_well_formed("<think>a<think>b</think>c")  # two opened, one closed
 
 
 def test_format_score_and_custom_scores():
@@ -257,6 +330,26 @@ def test_length_penalty_in_the_score():
     assert result.correct and result.score == pytest.approx(1.0 - 11 / 20)
     assert result.metrics["length_penalty"] == pytest.approx(11 / 20)
     assert "length_penalty" not in MathRuleScorer().score(long, "4").metrics
+    # the default penalty at the end of the ramp is the whole correct score
+    ramp_only = MathRuleScorer(length_penalty_start_chars=0, length_penalty_end_chars=5)
+    assert ramp_only.score("so \\boxed{4}", "4").score == 0.0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"length_penalty_start_chars": 0, "length_penalty_end_chars": 1},
+        {"length_penalty_start_chars": 10, "length_penalty_end_chars": 11, "length_penalty": 0.0},
+        {"length_penalty_start_chars": 10, "length_penalty_end_chars": 11, "length_penalty": 0.5},
+    ],
+)
+def test_good_options_are_accepted(options):
+    MathRuleScorer(**options)
+
+
+def test_options_must_be_named():
+    with pytest.raises(TypeError):
+        MathRuleScorer(["boxed"])
 
 
 @pytest.mark.parametrize(
@@ -268,6 +361,9 @@ def test_length_penalty_in_the_score():
         ({"extract_order": "boxed"}, "non-empty list"),
         ({"extract_order": ["boxed", "boxed"]}, "twice"),
         ({"length_penalty_start_chars": 10}, "both"),
+        ({"length_penalty_end_chars": 10}, "both"),
+        ({"length_penalty_start_chars": -1, "length_penalty_end_chars": 5}, "need 0 <= length_penalty_start"),
+        ({"length_penalty_start_chars": 5, "length_penalty_end_chars": 5}, "start_chars < length_penalty_end"),
         (
             {"length_penalty_start_chars": 10, "length_penalty_end_chars": 5},
             "start_chars < length_penalty_end",
@@ -294,6 +390,11 @@ def test_bad_options_are_named(options, match):
         ("10 km/h", "10"),
         ("2 pi/x", "2 pi/x"),
         ("3 and 4", "3 and 4"),
+        ("3 squared", "3 squared"),
+        ("$", "$"),
+        ("$$", ""),
+        ("$5", "$5"),
+        ("5$", "5$"),
         ("5x", "5x"),
         ("1\\,23", "1\\,23"),
     ],

@@ -85,15 +85,19 @@ def test_pass_at_k_agrees_with_counting_subsets():
                 assert pass_at_k(n, c, k) == pytest.approx(counted), (n, c, k)
 
 
-def test_pass_at_k_rejects_impossible_arguments():
-    with pytest.raises(ValueError, match="k <= n"):
-        pass_at_k(2, 1, 3)
+@pytest.mark.parametrize(("n", "c", "k"), [(2, 1, 3), (4, 1, 0), (4, 1, -1), (4, -1, 1), (4, 5, 1)])
+def test_pass_at_k_rejects_impossible_arguments(n, c, k):
+    with pytest.raises(ValueError, match=f"0 < k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}"):
+        pass_at_k(n, c, k)
 
 
 def test_pass_ks_are_powers_of_two_and_k():
     assert pass_ks(1) == [1]
     assert pass_ks(4) == [1, 2, 4]
     assert pass_ks(6) == [1, 2, 4, 6]
+    assert pass_ks(2) == [1, 2]
+    assert pass_ks(16) == [1, 2, 4, 8, 16]
+    assert pass_ks(17) == [1, 2, 4, 8, 16, 17]
 
 
 def test_majority_vote_ties_and_missing_answers():
@@ -102,6 +106,15 @@ def test_majority_vote_ties_and_missing_answers():
     assert majority_correct([(57.0, True), (12.0, False)]) == 0.5  # a tie: the mean over the tied answers
     assert majority_correct([(None, False), (None, False), (3.0, True)]) == 1.0  # no answer is no vote
     assert majority_correct([(None, False)]) == 0.0
+
+
+def test_majority_vote_compares_answers_and_counts_by_value():
+    """Answer keys are computed per response, so equal answers are different objects; counts past 256 are too."""
+    # One answer given three times (three float objects), graded right once: its correctness is the mean, 1/3.
+    votes = [(float("57"), True), (float("57.0"), False), (57.0 + 0.0 * len("x"), False), (12.0, True)]
+    assert majority_correct(votes) == pytest.approx(1 / 3)
+    big = [(float("57"), True) for _ in range(300)] + [(float("12"), False) for _ in range(300)]
+    assert majority_correct(big) == 0.5  # a tie at 300 votes each
 
 
 def test_math_answer_key_uses_math_rule_extraction():
@@ -172,6 +185,40 @@ def test_tags_become_safe_metric_names_and_all_is_reserved():
         validation_metrics([rec("math", "all", True, pid=1)])
     with pytest.raises(ValueError, match="same metric name"):
         validation_metrics([rec("math", "x+y", True, pid=1), rec("math", "x*y", True, pid=2)])
+    with pytest.raises(ValueError, match="same metric name"):  # in either order
+        validation_metrics([rec("math", "x*y", True, pid=1), rec("math", "x+y", True, pid=2)])
+    # Tags read from data are new string objects each time: equal tags are one tag, "all" is still reserved.
+    same = [rec("math", "".join(["ad", "d"]), True, pid=1), rec("math", "".join(["a", "dd"]), False, pid=2)]
+    assert validation_metrics(same)["val_prompts/add/count"] == 2.0
+    with pytest.raises(ValueError, match="reserved"):
+        validation_metrics([rec("math", "".join(["al", "l"]), True, pid=1)])
+
+
+def test_the_metric_names_are_exactly_the_documented_ones():
+    keys = answer_keys({"math": "math_rule"})
+    records = [rec("math", "add", True, pid="a"), rec("math", "add", False, pid="a")]
+    per_scope = {"mean", "pass_at_1", "pass_at_2", "maj_at_2"}
+    expected = {f"val_correct/{s}/{m}" for s in ("all", "add") for m in per_scope}
+    for s in ("all", "add"):
+        expected |= {
+            f"val_response_length/{s}/mean", f"val_truncated/{s}/rate", f"val_masked/{s}/count",
+            f"val_prompts/{s}/count",
+        }
+    expected |= {
+        f"val_domain/math/{m}"
+        for m in (*per_scope - {"mean"}, "correct_mean", "response_length_mean", "truncated_rate",
+                  "masked_count", "prompts")
+    }
+    assert set(validation_metrics(records, keys)) == expected
+
+
+def test_truncation_counts_only_responses_cut_off_by_the_length_limit():
+    """vLLM's other finish reasons ("stop", "abort") and the generator's "eos" are not truncations; a reason
+    read from data is a new string object."""
+    finishes = ["".join(["len", "gth"]), "eos", "stop", "abort", "stop"]
+    records = [rec("math", "add", True, pid=i, finish=f) for i, f in enumerate(finishes)]
+    assert validation_metrics(records)["val_truncated/all/rate"] == 0.2
+    assert rollout_metrics("math", records)["response_length/math/truncation_rate"] == 0.2
 
 
 def test_rollout_metrics():
@@ -185,10 +232,21 @@ def test_rollout_metrics():
     assert m["reward/math/std"] == 0.5
     assert m["reward/math/masked"] == 1.0
     assert m["reward/math/correct"] == 0.5
+    # The population std over the scored samples, and masked = all - scored, on a batch with more of each.
+    records = [rec("math", "add", c, score=s) for c, s in [(True, 1.0), (False, 0.0), (False, 0.0)]]
+    records += [rec("math", "add", None, score=0.0)] * 3
+    m = rollout_metrics("math", records)
+    assert m["reward/math/std"] == pytest.approx(math.sqrt(2 / 9))
+    assert m["reward/math/masked"] == 3.0
+    assert m["response_length/math/mean"] == 4.0
 
 
 def test_empty_records_give_nan_not_errors():
-    assert math.isnan(validation_metrics([])["val_correct/all/mean"])
+    m = validation_metrics([])
+    assert math.isnan(m["val_correct/all/mean"])
+    assert math.isnan(m["val_correct/all/pass_at_1"])
+    assert [k for k in m if "_at_" in k] == ["val_correct/all/pass_at_1"]  # no responses: k is 1
+    assert m["val_prompts/all/count"] == 0.0
 
 
 def test_accuracy_is_the_reward_workers_verdict_not_a_positive_score():
