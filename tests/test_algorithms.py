@@ -18,7 +18,13 @@ from roll_pipeline.algorithms import (
     aggregate_loss,
     batch_normalizer,
 )
-from roll_pipeline.algorithms.advantages import masked_whiten, place_at_last_token, postprocess_advantages
+from roll_pipeline.algorithms.advantages import (
+    discounted_returns,
+    group_statistics,
+    masked_whiten,
+    place_at_last_token,
+    postprocess_advantages,
+)
 from roll_pipeline.algorithms.kl import kl_penalty_rewards
 from roll_pipeline.algorithms.registry import Registry
 from roll_pipeline.algorithms.value import clipped_value_loss
@@ -624,3 +630,29 @@ def test_micro_batches_give_the_same_gradient(mode):
     naive = sum(torch.autograd.grad(aggregate_loss(per_token(slice(s, s + 3)), mask[s : s + 3], mode, scale=6), param)[0]
                 for s in range(0, 8, 3))
     assert not torch.allclose(grad_whole, naive, atol=1e-4)
+
+
+def test_group_statistics_of_a_single_sample_and_of_an_empty_group_are_finite():
+    """A group with one valid sample has no spread (std 0, not 0/0), and one with no valid sample has mean, std
+    and count 0: normalisations divide by these, so a NaN here would reach the loss."""
+    values = torch.tensor([2.0, 4.0, 6.0, 5.0, 7.0, 9.0])
+    groups = torch.tensor([0, 0, 0, 1, 2, 2])
+    valid = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    mean, std, count = group_statistics(values, groups, valid)
+    assert mean.tolist() == [4.0, 4.0, 4.0, 5.0, 0.0, 0.0]
+    assert std.tolist() == [2.0, 2.0, 2.0, 0.0, 0.0, 0.0]
+    assert count.tolist() == [3.0, 3.0, 3.0, 1.0, 0.0, 0.0]
+
+
+def test_postprocess_advantages_by_default_only_masks():
+    values = torch.tensor([[3.0, -2.0, 5.0], [1.0, 7.0, -4.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert torch.equal(postprocess_advantages(values, mask), values * mask)
+
+
+def test_discounted_returns_are_zero_on_padding():
+    rewards = torch.tensor([[1.0, 2.0, 3.0], [5.0, 7.0, 9.0]])  # rewards on padding are never read
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    # gamma 0.5: row 0 from the end 3, 2 + 1.5, 1 + 1.75; row 1 ends at its second token
+    assert discounted_returns(rewards, mask, 0.5).tolist() == [[2.75, 3.5, 3.0], [8.5, 7.0, 0.0]]
+
