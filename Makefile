@@ -67,13 +67,14 @@ browser:
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; }
 
-# Debian's bubblewrap, the code_sandbox reward's isolation (skipped when `bwrap` is there). Part of `install`.
+# Debian's bubblewrap and libseccomp, the code_sandbox reward's isolation and system-call filter (skipped when
+# both are there). Part of `install`.
 .PHONY: sandbox-deps
 install: sandbox-deps
 sandbox-deps:
-	@command -v bwrap >/dev/null || { \
+	@command -v bwrap >/dev/null && PATH="$$PATH:/sbin" ldconfig -p | grep -q 'libseccomp\.so\.2 ' || { \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap; }
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap libseccomp2; }
 
 # The tiny judge (served by `roll serve` in the llm_judge tests) and the policy of examples/multi_domain.yaml,
 # warmed up on math, code and open answers; cached like `make model`. Part of `test` and `test-fast`.

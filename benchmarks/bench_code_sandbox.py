@@ -2,18 +2,22 @@
 
     python benchmarks/bench_code_sandbox.py [--seconds 3] [--concurrency 1 2 4]
 
-Three workloads, each at every concurrency (that many threads calling the scorer, and a scorer whose
+Five workloads, each at every concurrency (that many threads calling the scorer, and a scorer whose
 ``concurrency`` is the same; ``--pool-size`` sets how many sandboxes it keeps started ahead):
 
 * trivial: ``print("hello")`` against one stdin/stdout test (one program run);
 * call-5: a typical function (longest increasing subsequence) against 5 call-based tests (one run, 5 calls);
-* stdio-5: the same task as a stdin/stdout program against 5 tests (5 runs).
+* stdio-5: the same task as a stdin/stdout program against 5 tests (5 runs);
+* assert-5: the same function against 5 assert statements (one checked run: the program's sandbox and the
+  checker's, 5 calls relayed);
+* check-5: the same, as a HumanEval-style ``check(candidate)`` that loops over 5 cases (one test).
 
 Columns: ``pooled``, the scorer as configured (pre-started sandboxes); ``cold``, the same sandbox started at request
 time (the pool's job done on the critical path, for comparison); ``bare``, the same programs as plain subprocesses
 of the same interpreter (``-I -S``), without isolation, harness or judging. Figures are samples scored per second
-(one sample = one program against all its tests). The machine's other load shows up in these numbers: run it on a
-quiet machine and compare only figures taken in one run.
+(one sample = one program against all its tests). The machine's other load shows up in these numbers: it waits
+(``--quiet-wait``) for the load average to fall under half the cores and says whether it did, prints the load
+beside each row (the benchmark's own sandboxes count in it), and only figures taken in one run compare.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from workers.rewards.code_sandbox import CodeSandboxScorer  # noqa: E402
 from workers.rewards.sandbox.process import Sandbox  # noqa: E402
+from workers.rewards.sandbox.relay import run_checked  # noqa: E402
 
 LIS = """
 def lis(xs):
@@ -53,6 +58,12 @@ LIS_INPUTS = [
     list(range(200, 0, -3)) + [5, 6],
 ]
 LIS_OUTPUTS = [3, 4, 4, 1, 3]
+CHECK = (
+    "def check(candidate):\n"
+    f"    cases = {list(zip(LIS_INPUTS, LIS_OUTPUTS, strict=True))!r}\n"
+    "    for xs, want in cases:\n"
+    "        assert candidate(xs) == want\n"
+)
 
 WORKLOADS = {
     "trivial": ('print("hello")\n', {"inputs": [""], "outputs": ["hello\n"]}),
@@ -64,6 +75,11 @@ WORKLOADS = {
             "outputs": [f"{y}\n" for y in LIS_OUTPUTS],
         },
     ),
+    "assert-5": (
+        LIS,
+        {"asserts": [f"assert lis({x!r}) == {y}" for x, y in zip(LIS_INPUTS, LIS_OUTPUTS, strict=True)]},
+    ),
+    "check-5": (LIS, {"asserts": [CHECK + "check(lis)\n"]}),
 }
 
 
@@ -88,6 +104,13 @@ def rate(work, concurrency: int, seconds: float) -> float:
 
 def bare_runner(python: str, name: str):
     code, tests = WORKLOADS[name]
+    if name in ("assert-5", "check-5"):
+        driver = code + "\n" + "\n".join(tests["asserts"]) + "\n"
+
+        def work() -> None:
+            subprocess.run([python, "-I", "-S", "-c", driver], capture_output=True, check=True)
+
+        return work
     if name == "call-5":
         driver = code + f"\nimport json\nprint(json.dumps([lis(*a) for a in {tests['inputs']!r}]))\n"
 
@@ -105,14 +128,38 @@ def bare_runner(python: str, name: str):
     return work
 
 
-class ColdScorer(CodeSandboxScorer):
-    """The scorer's own judging, but each run's sandbox started at request time instead of ahead."""
+class ColdStarts:
+    """Stands in for the scorer's pool: each run's sandboxes started at request time instead of ahead."""
 
-    def _run(self, job: dict, stdin: bytes = b""):
+    def __init__(self, spec) -> None:
+        self.spec = spec
+
+    def _started(self) -> Sandbox:
         sandbox = Sandbox(self.spec)
         sandbox.wait_ready(30.0)
+        return sandbox
+
+    def run(self, job: dict, stdin: bytes = b"", timeout_s: float | None = None):
         limits = self.spec.limits
-        return sandbox.run({**job, "limits": limits.for_job()}, stdin, limits.output_bytes, limits.timeout_s)
+        return self._started().run(job, stdin, limits.output_bytes, min(limits.timeout_s, timeout_s or 1e9))
+
+    def run_checked(self, program_job: dict, checker_job: dict, timeout_s: float | None = None):
+        limits = self.spec.limits
+        program, checker = self._started(), self._started()
+        timeout = min(limits.timeout_s, timeout_s or 1e9)
+        outcomes, reusable = run_checked(
+            program, checker, program_job, checker_job, limits.output_bytes, timeout
+        )
+        if reusable:
+            checker.kill()
+        return outcomes
+
+
+class ColdScorer(CodeSandboxScorer):
+    """The scorer's own judging, on sandboxes started at request time."""
+
+    def _executor_here(self):
+        return ColdStarts(self.spec)
 
 
 def scorer_runner(scorer: CodeSandboxScorer, name: str):
@@ -129,10 +176,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per figure")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--pool-size", type=int, default=None, help="sandboxes started ahead (default 2x conc)")
+    parser.add_argument(
+        "--pool-size", type=int, default=None, help="sandboxes started ahead (default 2x conc)"
+    )
+    parser.add_argument(
+        "--quiet-wait", type=float, default=60.0, help="seconds to wait for a quiet machine before measuring"
+    )
     args = parser.parse_args(argv)
-    print(f"cpus: {os.cpu_count()}  seconds per figure: {args.seconds}  pool size: {args.pool_size or '2x conc'}")
-    print(f"{'workload':<9} {'conc':>4} {'pooled/s':>9} {'cold/s':>8} {'bare/s':>8}  pooled/bare")
+    print(
+        f"cpus: {os.cpu_count()}  seconds per figure: {args.seconds}  pool size: {args.pool_size or '2x conc'}"
+        f"  {wait_for_quiet(args.quiet_wait)}"
+    )
+    print(
+        f"{'workload':<9} {'conc':>4} {'pooled/s':>9} {'cold/s':>8} {'bare/s':>8}  pooled/bare  load(1 min)"
+    )
     for name in WORKLOADS:
         for concurrency in args.concurrency:
             scorer = CodeSandboxScorer(concurrency=concurrency, pool_size=args.pool_size)
@@ -144,8 +201,22 @@ def main(argv: list[str] | None = None) -> int:
                 scorer.close()
             print(
                 f"{name:<9} {concurrency:>4} {pooled:>9.1f} {cold:>8.1f} {bare:>8.1f}  {pooled / bare:>6.2f}"
+                f"  {os.getloadavg()[0]:>11.2f}"
             )
     return 0
+
+
+def wait_for_quiet(timeout_s: float) -> str:
+    """Wait until the 1-minute load average is under half the cores (the benchmark's own processes then have the
+    machine), at most ``timeout_s``; says which it was. Each row also prints the load while it was measured."""
+    threshold = (os.cpu_count() or 1) / 2
+    deadline = time.monotonic() + timeout_s
+    while os.getloadavg()[0] >= threshold and time.monotonic() < deadline:
+        time.sleep(1.0)
+    load = os.getloadavg()[0]
+    if load < threshold:
+        return f"quiet machine: load {load:.2f} < {threshold:.1f}"
+    return f"NOT QUIET: load {load:.2f} >= {threshold:.1f} after waiting {timeout_s:.0f}s; figures are lower"
 
 
 if __name__ == "__main__":

@@ -122,8 +122,8 @@ def test_code_tests_that_are_not_python(tmp_path, tiny_model, capsys):
     fails_with(
         capsys,
         config,
-        f"{code}:2: field 'test_cases': assert-style test \"x = 'a'\\nassert f(x) = = 2\" is not valid Python: "
-        "invalid syntax (line 2 of the test) (domain code)",
+        f"{code}:2: field 'test_cases': test_cases.asserts[1] is not valid Python: "
+        "invalid syntax (line 2: 'assert f(x) = = 2') (domain code)",
     )
 
 

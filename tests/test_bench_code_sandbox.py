@@ -15,8 +15,10 @@ def test_benchmark_prints_every_workload(capsys):
         CodeSandboxScorer().close()
     except IsolationUnavailable as err:
         pytest.skip(f"this host cannot isolate the sandbox: {err}")
-    assert main(["--seconds", "0.3", "--concurrency", "1"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert main(["--seconds", "0.3", "--concurrency", "1", "--quiet-wait", "0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "quiet machine: load" in out[0] or "NOT QUIET: load" in out[0]
+    rows = [line.split() for line in out[2:]]
     assert [row[0] for row in rows] == list(WORKLOADS)
     for row in rows:
-        assert row[1] == "1" and all(float(x) > 0 for x in row[2:])
+        assert row[1] == "1" and all(float(x) > 0 for x in row[2:6]) and float(row[6]) >= 0

@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -511,3 +513,392 @@ def test_fake_result_lines_do_not_pass(scorer):
     )
     for tests in (SQUARE_ASSERTS, SQUARE_CALLS):
         score_hostile(scorer, code, tests)
+
+
+# ---- reward hacks on the formats real datasets use (must score 0, unmasked) ----
+
+#: HumanEval's own shape: the asserts sit inside check(candidate), with loops and comprehensions.
+NESTED_CHECK = json.dumps(
+    {
+        "test": (
+            "def check(candidate):\n"
+            "    assert candidate(2) == 4\n"
+            "    for x in range(-3, 4):\n"
+            "        assert candidate(x) == x * x, x\n"
+            "    if True:\n"
+            "        assert all(candidate(x) == x * x for x in [5, 6])\n"
+            "    assert all([candidate(x) == x * x for x in [7, 8]])\n"
+            "    assert sum(candidate(x) for x in range(3)) == 5\n"
+        ),
+        "entry_point": "square",
+    }
+)
+#: The same checks as assert-style strings: loops, comprehensions, computed expected values.
+LOOPED_ASSERTS = json.dumps(
+    {
+        "asserts": [
+            "for x in range(4):\n    assert square(x) == x * x",
+            "assert all(square(x) == x * x for x in [5, 6])",
+            "assert all([square(x) == x * x for x in [7, 8]])",
+            "assert square(3) == len(range(9))",
+            "assert list(map(square, [1, 2])) == list(map(lambda v: v * v, [1, 2]))",
+            "def check(candidate):\n    assert candidate(10) == 100\ncheck(square)",
+        ]
+    }
+)
+ALWAYS_EQUAL = """
+class Anything:
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = object.__hash__
+def square(x):
+    return Anything()
+"""
+FORGED_CHANNEL = """
+import json, os
+for fd in range(3, 64):
+    for line in ({"t": 0, "r": "passed"}, {"t": 0, "p": []}, {"id": 0, "v": 4}, {"ev": "done"}):
+        try:
+            os.write(fd, (json.dumps(line) + "\\n").encode())
+        except OSError:
+            pass
+def square(x):
+    return None
+"""
+PATCHED_HARNESS = """
+import builtins, sys
+builtins.AssertionError = type("AssertionError", (Exception,), {})
+builtins.all = lambda xs: True
+builtins.len = lambda x: 0
+builtins.range = lambda *a: [0]
+builtins.map = lambda f, xs: []
+main = sys.modules["__main__"]
+for name in dir(main):
+    if callable(getattr(main, name, None)) and not name.startswith("__"):
+        try:
+            setattr(main, name, lambda *a, **k: None)
+        except Exception:
+            pass
+def square(x):
+    return -1
+"""
+READS_THE_JOB = """
+import sys, gc
+found = [o for o in gc.get_objects() if isinstance(o, dict) and "tests" in o]
+def square(x):
+    # Whatever it finds, it can only return data; the checks are not in its interpreter.
+    return found[0]["tests"] if found else -1
+"""
+
+
+@pytest.mark.parametrize("tests", [NESTED_CHECK, LOOPED_ASSERTS], ids=["check-function", "asserts"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "def square(x):\n    return None\n",
+        ALWAYS_EQUAL,
+        FORGED_CHANNEL,
+        PATCHED_HARNESS,
+        READS_THE_JOB,
+        "def square(x):\n    raise SystemExit(0)\n",
+        "import os\ndef square(x):\n    os._exit(0)\n",
+        "square = None\n",
+        "range = lambda *a: [0]\nlen = lambda x: 1\nmap = lambda *a: [1, 1]\ndef square(x):\n    return 1\n",
+    ],
+    ids=[
+        "none",
+        "always-equal",
+        "forged-channel",
+        "patched-harness",
+        "reads-job",
+        "exit",
+        "os-exit",
+        "no-fn",
+        "shadows-builtins",
+    ],
+)
+def test_checks_inside_functions_loops_and_comprehensions_are_not_gameable(scorer, tests, code):
+    result = scorer.score(code, "", test_cases=tests)
+    assert result is not None and result.score == 0.0 and not result.correct, result
+    assert result.metrics["pass_rate"] == 0.0
+
+
+@pytest.mark.parametrize("tests", [NESTED_CHECK, LOOPED_ASSERTS], ids=["check-function", "asserts"])
+def test_honest_square_passes_the_same_checks(scorer, tests):
+    assert scorer.score("def square(x):\n    return x * x\n", "", test_cases=tests).correct
+
+
+@pytest.mark.parametrize(
+    ("code", "tests"),
+    [
+        ("def f():\n    return 8888889.0\n", {"fn_name": "f", "inputs": [[]], "outputs": [8888888]}),
+        ("def f():\n    return 4000001.0\n", {"fn_name": "f", "inputs": [[]], "outputs": [4000000]}),
+        ("def f():\n    return 4000000.000001\n", {"fn_name": "f", "inputs": [[]], "outputs": [4000000]}),
+        ("print(8888889.0)\n", {"inputs": [""], "outputs": ["8888888\n"]}),
+        ("print('4000000.000001')\n", {"inputs": [""], "outputs": ["4000000\n"]}),
+        ("print('1.0000000000001e400')\n", {"inputs": [""], "outputs": ["1" + "0" * 400 + "\n"]}),
+    ],
+)
+def test_integer_answers_are_not_judged_with_a_float_tolerance(scorer, code, tests):
+    result = scorer.score(code, "", test_cases=json.dumps(tests))
+    assert (result.score, first_failure(result)) == (0.0, "wrong_answer")
+
+
+def test_integral_floats_equal_to_the_integer_pass(scorer):
+    calls = {"fn_name": "f", "inputs": [[]], "outputs": [4000000]}
+    assert scorer.score("def f():\n    return 4000000.0\n", "", test_cases=json.dumps(calls)).correct
+    stdio = {"inputs": [""], "outputs": ["4000000\n"]}
+    assert scorer.score("print(4000000.0)\n", "", test_cases=json.dumps(stdio)).correct
+
+
+@pytest.mark.parametrize("digits", [5000, 20000])
+def test_huge_integers_in_the_output_are_scored_not_masked(scorer, digits):
+    right = "7" * digits
+    tests = json.dumps({"inputs": [""], "outputs": [right + "\n"]})
+    # sys.set_int_max_str_digits lifts the program's own limit; the judge compares digit strings either way.
+    wrong = f"import sys\nsys.set_int_max_str_digits(0)\nprint(int('7' * {digits}) + 1)\n"
+    result = scorer.score(wrong, "", test_cases=tests)
+    assert (result.score, first_failure(result)) == (0.0, "wrong_answer")
+    assert scorer.score(f"print('7' * {digits})\n", "", test_cases=tests).correct
+
+
+@pytest.mark.slow
+def test_slow_stdio_tests_share_one_budget_and_end_as_timeouts():
+    # 8 tests x 1.2 s each would pass a 4 s budget: the tests left when it is spent are timeouts, scored 0.
+    scorer = CodeSandboxScorer(timeout_s=1.5, sample_timeout_s=4.0, concurrency=1)
+    try:
+        tests = json.dumps({"inputs": [""] * 8, "outputs": ["ok\n"] * 8})
+        start = time.monotonic()
+        result = scorer.score("import time\ntime.sleep(1.2)\nprint('ok')\n", "", test_cases=tests)
+        elapsed = time.monotonic() - start
+    finally:
+        scorer.close()
+    assert result is not None and result.score < 1.0 and first_failure(result) == "timeout"
+    # 4 s of budget plus sandbox starts; far from the 9.6 s the tests would take one after another.
+    assert elapsed < 8.0
+
+
+# ---- honest programs (must score 1) ----
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print(int(input()) * 2)\nexit()\n",
+        "print(int(input()) * 2)\nquit()\n",
+        "print(int(input()) * 2)\nexit(0)\n",
+        "import sys\nprint(int(input()) * 2)\nsys.exit()\n",
+    ],
+    ids=["exit", "quit", "exit-0", "sys-exit"],
+)
+def test_exit_and_quit_end_a_correct_program(scorer, code):
+    assert scorer.score(code, "", test_cases=json.dumps({"inputs": ["21\n"], "outputs": ["42\n"]})).correct
+
+
+@pytest.mark.parametrize(
+    ("code", "tests"),
+    [
+        (
+            "import sys\nsys.setrecursionlimit(100000)\ndef depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\n"
+            "import threading\nthreading.stack_size(256 * 1024 * 1024)\nout = []\n"
+            "t = threading.Thread(target=lambda: out.append(depth(50000)))\nt.start()\nt.join()\nprint(out[0])\n",
+            {"inputs": [""], "outputs": ["50000\n"]},
+        ),
+        (
+            "print('\\n'.join(str(i) for i in range(100000)))\n",
+            {"inputs": [""], "outputs": ["\n".join(str(i) for i in range(100000)) + "\n"]},
+        ),
+        ("print(input().strip() + ' x')\n", {"inputs": ["abc\r\n"], "outputs": ["abc x  \r\n\r\n"]}),
+        ("print(input()[::-1])\n", {"inputs": ["héllo wörld ✓\n"], "outputs": ["✓ dlröw olléh\n"]}),
+    ],
+    ids=["deep-recursion-in-a-thread", "600kb-output", "crlf", "non-ascii"],
+)
+def test_honest_programs_pass(scorer, code, tests):
+    assert scorer.score(code, "", test_cases=json.dumps(tests)).correct
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "assert all(f(x) == x * x for x in range(5))",
+        "assert sum(f(x) for x in range(4)) == 14",
+        "assert f(3) == len(range(9))",
+        "assert list(map(f, [1, 2])) == [1, 4]",
+        "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]",
+        "try:\n    f(-1)\n    assert False\nexcept ValueError:\n    pass",
+        "assert sorted(pairs(2)) == [(0, 1), (1, 0)]",
+        "assert list(gen(3)) == [0, 1, 2]",
+        "assert Solution().twice(4) == 8",
+        "acc = Counter()\nacc.add(2)\nacc.add(3)\nassert acc.total == 5",
+    ],
+)
+def test_honest_code_passes_checks_the_old_split_refused(scorer, test):
+    code = """
+def f(x):
+    if x < 0:
+        raise ValueError("negative")
+    return x * x
+def sort_in_place(xs):
+    xs.sort()
+def pairs(n):
+    return [(i, n - 1 - i) for i in range(n)]
+def gen(n):
+    yield from range(n)
+class Solution:
+    def twice(self, x):
+        return 2 * x
+class Counter:
+    def __init__(self):
+        self.total = 0
+    def add(self, x):
+        self.total += x
+"""
+    result = scorer.score(code, "", test_cases=json.dumps({"asserts": [test]}))
+    assert result.correct, result
+
+
+# ---- host effects ----
+
+SCORING_PROCESS = """
+import json, sys
+sys.path.insert(0, {root!r})
+from workers.rewards.code_sandbox import CodeSandboxScorer
+scorer = CodeSandboxScorer(timeout_s=60.0, sample_timeout_s=60.0, concurrency=1)
+tests = json.dumps({{"fn_name": "square", "inputs": [[2]], "outputs": [4]}})
+print("scoring", flush=True)
+scorer.score({code!r}, "", test_cases=tests)
+"""
+DISARMS_AND_HIDES = f"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(1, 0, 0, 0, 0)  # clear the parent-death signal bubblewrap set (refused under the filter)
+if os.fork() == 0:
+    os.setsid()
+    libc.prctl(1, 0, 0, 0, 0)
+    os.execv("/bin/sleep", ["sleep", "{MARKER}"])
+def square(x):
+    time.sleep(100)
+"""
+
+
+def marked_processes() -> list[str]:
+    return [p for p in leftover_processes() if MARKER in p]
+
+
+@pytest.mark.slow
+def test_nothing_outlives_a_scoring_process_killed_mid_run(scorer):
+    scorer.close()
+    root = str(Path(__file__).resolve().parent.parent)
+    script = SCORING_PROCESS.format(root=root, code=DISARMS_AND_HIDES)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout.readline() == b"scoring\n"
+        deadline = time.monotonic() + 60.0
+        while not marked_processes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marked_processes(), "the program's hidden child never started"
+        process.kill()  # SIGKILL: no finalizer, no atexit, no pool.close()
+        process.wait()
+        deadline = time.monotonic() + 30.0
+        while leftover_processes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert leftover_processes() == []
+        # Its sandbox's cgroup, empty now, is removed by the next scorer to start (a dead worker cannot).
+        base = scorer.spec.memory_cgroups.base
+        left = [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{process.pid}-")]
+        assert left, "the killed worker's cgroup should still be there"
+        CodeSandboxScorer(concurrency=1).close()
+        assert not [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{process.pid}-")]
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize(
+    ("call", "args"),
+    [
+        ("keyctl", "0, -3, 0, 0, 0"),  # KEYCTL_GET_KEYRING_ID of the session keyring
+        ("add_key", "b'user', b'roll-planted', b'x', 1, -3"),
+        ("io_uring_setup", "8, ctypes.create_string_buffer(120)"),
+        ("userfaultfd", "0"),
+        ("perf_event_open", "ctypes.create_string_buffer(128), 0, -1, -1, 0"),
+        ("bpf", "0, ctypes.create_string_buffer(64), 64"),
+        ("ptrace", "0, 0, 0, 0"),
+        ("unshare", "0x20000000"),
+        ("mount", "b'none', b'/tmp', b'tmpfs', 0, 0"),
+        ("prctl", "1, 0, 0, 0, 0"),
+    ],
+)
+def test_dangerous_system_calls_are_refused(scorer, call, args):
+    numbers = {
+        "keyctl": 250,
+        "add_key": 248,
+        "io_uring_setup": 425,
+        "userfaultfd": 323,
+        "perf_event_open": 298,
+        "bpf": 321,
+        "ptrace": 101,
+        "unshare": 272,
+        "mount": 165,
+        "prctl": 157,
+    }
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of x86_64")
+    code = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"result = libc.syscall({numbers[call]}, {args})\n"
+        "print(result, ctypes.get_errno())\n"
+    )
+    # -1 with EPERM (1): refused by the filter, whatever the call would have done.
+    result = scorer.score(code, "", test_cases=json.dumps({"inputs": [""], "outputs": ["-1 1\n"]}))
+    assert result.correct, f"{call} was not refused"
+
+
+def test_keys_do_not_cross_runs(scorer):
+    plant = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.syscall(248, b'user', b'roll-planted', b'secret', 6, -3) > 0)\n"
+    )
+    assert scorer.score(plant, "", test_cases=json.dumps({"inputs": [""], "outputs": ["False\n"]})).correct
+
+
+CHILDREN_HOLDING_MEMORY = """
+import os, time
+children = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(b"\\x01") * (150 * 1024 * 1024)  # written, so the pages are really held
+        time.sleep(1.0)
+        os._exit(0)
+    children.append(pid)
+print(sum(os.waitpid(pid, 0)[1] == 0 for pid in children))
+"""
+
+
+@pytest.mark.slow
+def test_processes_share_one_memory_bound():
+    # Each child stays under memory_mb (RLIMIT_AS, per process); together they pass total_memory_mb.
+    tests = json.dumps({"inputs": [""], "outputs": ["3\n"]})
+    bounded = CodeSandboxScorer(timeout_s=10.0, memory_mb=256, total_memory_mb=256, concurrency=1)
+    roomy = CodeSandboxScorer(timeout_s=10.0, memory_mb=256, total_memory_mb=1024, concurrency=1)
+    try:
+        assert roomy.score(CHILDREN_HOLDING_MEMORY, "", test_cases=tests).correct
+        result = bounded.score(CHILDREN_HOLDING_MEMORY, "", test_cases=tests)
+    finally:
+        bounded.close()
+        roomy.close()
+    assert result.score == 0.0 and first_failure(result) in ("wrong_answer", "memory_limit")
+
+
+@pytest.mark.slow
+def test_a_run_killed_for_memory_is_a_memory_limit():
+    code = "block = bytearray(b'\\x01') * (200 * 1024 * 1024)\nprint('held')\n"
+    scorer = CodeSandboxScorer(timeout_s=10.0, memory_mb=512, total_memory_mb=128, concurrency=1)
+    try:
+        result = scorer.score(code, "", test_cases=json.dumps({"inputs": [""], "outputs": ["held\n"]}))
+    finally:
+        scorer.close()
+    assert (result.score, first_failure(result)) == (0.0, "memory_limit")

@@ -53,13 +53,12 @@ def closed_port() -> int:
 @pytest.mark.parametrize(
     ("tests", "good", "bad"),
     [
-        (ASSERTS, SQUARE, "def square(x):\n    return x + x\n"),
         (CALLS, SQUARE, "def square(x):\n    return 4\n"),
         (STDIO, "n = int(input())\nprint(n * n)\n", "print(4)\n"),
     ],
-    ids=["asserts", "calls", "stdio"],
+    ids=["calls", "stdio"],
 )
-def test_the_three_formats_remotely(stub, tests, good, bad):
+def test_the_data_formats_remotely(stub, tests, good, bad):
     scorer = remote_scorer(stub.url)
     assert scorer.score(good, "", test_cases=tests).correct
     result = scorer.score(bad, "", test_cases=tests)
@@ -70,6 +69,16 @@ def test_the_three_formats_remotely(stub, tests, good, bad):
         and request["run_timeout"] == 2.0
         and request["memory_limit_MB"] == 512
     )
+
+
+@pytest.mark.parametrize(
+    "tests", [ASSERTS, json.dumps({"test": "def check(c):\n    assert c(2) == 4", "entry_point": "square"})]
+)
+def test_test_code_formats_are_refused_remotely_and_never_sent(stub, tests):
+    # One script per run: the test code would share the program's interpreter. Refused, not judged there.
+    with pytest.raises(ValueError, match="need backend: local"):
+        remote_scorer(stub.url).score(SQUARE, "", test_cases=tests)
+    assert stub.requests == []
 
 
 def test_remote_failure_kinds(stub):
@@ -90,10 +99,8 @@ def test_expected_outputs_are_not_sent(stub):
     scorer.score("def f(x):\n    return x\n", "", test_cases=tests)
     stdio = json.dumps({"inputs": ["in\n"], "outputs": ["expected-canary-2\n"]})
     scorer.score("print(input())\n", "", test_cases=stdio)
-    asserts = json.dumps({"asserts": ["assert f(1) == 'expected-canary-3'"]})
-    scorer.score("def f(x):\n    return x\n", "", test_cases=asserts)
     sent = json.dumps(stub.requests)
-    assert "expected-canary" not in sent and len(stub.requests) == 3
+    assert "expected-canary" not in sent and len(stub.requests) == 2
 
 
 def test_forged_events_on_stderr_do_not_pass(stub):

@@ -165,6 +165,17 @@ def test_same_tag_in_two_domains(tmp_path):
     assert "rewards.code.tag_included: tag 'add' is also routed to domain 'math'" in msg
 
 
+def test_a_sample_budget_past_the_worker_timeout_is_refused(tmp_path):
+    code = {"worker": "code_sandbox", "tag_included": ["string"], "timeout_s": 30, "options": {"sample_timeout_s": 30}}
+    msg = error_of(tmp_path, {**BASE, "rewards": {**BASE["rewards"], "code": code}})
+    assert "rewards.code.options.sample_timeout_s: must be below timeout_s (30" in msg
+    code["options"]["sample_timeout_s"] = 29.5
+    try:
+        load(tmp_path, {**BASE, "rewards": {**BASE["rewards"], "code": code}})
+    except ConfigError as err:
+        assert "sample_timeout_s" not in str(err)
+
+
 def test_gae_needs_a_critic(tmp_path):
     assert "critic: adv_estimator gae needs a critic section" in error_of(
         tmp_path, BASE, ["adv_estimator=gae"]

@@ -268,6 +268,13 @@ class RewardConfig:
             yield "world_size", "must be >= 1"
         if self.timeout_s <= 0:
             yield "timeout_s", "must be > 0"
+        budget = self.options.get("sample_timeout_s")
+        if isinstance(budget, int | float) and not isinstance(budget, bool) and budget >= self.timeout_s:
+            yield (
+                "options.sample_timeout_s",
+                f"must be below timeout_s ({self.timeout_s}): a sample that outlasts the worker's timeout is masked "
+                f"instead of scored, got {budget}",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

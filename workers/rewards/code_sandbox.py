@@ -1,9 +1,10 @@
 """Code reward: run the response's Python program against its tests in a sandbox, and judge it outside.
 
-The pieces live in ``workers/rewards/sandbox/``: ``formats`` (the ``test_cases`` schema and how each kind of test
-is split), ``harness`` (the code that runs inside), ``isolation`` + ``layers`` (bubblewrap, limits, and the start-up
-check of what works on this host), ``process`` + ``pool`` (single-use, pre-started local sandboxes), ``remote``
-(a SandboxFusion-compatible service) and ``judge`` (verdicts from reported data). README "Code sandbox" has the
+The pieces live in ``workers/rewards/sandbox/``: ``formats`` (the ``test_cases`` schema), ``harness`` (the code
+that runs inside), ``checker`` + ``relay`` (assert-style and ``check(candidate)`` tests, run in a sandbox of their
+own against the program's), ``isolation`` + ``layers`` (bubblewrap, limits, and the start-up check of what works on
+this host), ``process`` + ``pool`` (pre-started local sandboxes), ``remote`` (a SandboxFusion-compatible service)
+and ``judge`` (verdicts from reported data). README "Code sandbox" has the
 whole story, including what each hostile program in the regression suite tries.
 
 Reward: the fraction of tests passed (``reward_mode: fraction``) or 1/0 (``all_or_nothing``). Metrics:
@@ -17,14 +18,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from workers.rewards.base import RewardResult, RewardScorer
 from workers.rewards.registry import register_reward_worker
+from workers.rewards.sandbox.cgroup import find_memory_cgroups
 from workers.rewards.sandbox.formats import (
-    AssertTests,
     CallTests,
+    CheckedTests,
     StdioTests,
     TestSuite,
     extract_code,
@@ -34,14 +37,23 @@ from workers.rewards.sandbox.isolation import (
     SandboxLimits,
     SandboxSpec,
     choose_python,
+    compile_harness,
     find_bwrap,
     sandbox_identity,
 )
-from workers.rewards.sandbox.judge import FAILURE_KINDS, PASSED, judge_asserts, judge_calls, judge_stdio
+from workers.rewards.sandbox.judge import (
+    FAILURE_KINDS,
+    PASSED,
+    UnsupportedTest,
+    judge_calls,
+    judge_checked,
+    judge_stdio,
+)
 from workers.rewards.sandbox.layers import LAYERS, LayerReport, probe_layers, require_layers
 from workers.rewards.sandbox.pool import SandboxPool
-from workers.rewards.sandbox.process import TIMEOUT, RunOutput
+from workers.rewards.sandbox.process import HARNESS_SOURCE, TIMEOUT, RunOutput
 from workers.rewards.sandbox.remote import SandboxFusionClient
+from workers.rewards.sandbox.seccomp import compiled_filter
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +78,15 @@ class CodeSandboxScorer(RewardScorer):
     """Scores code against ``test_cases`` (JSON, see ``sandbox/formats.py``); options from
     ``rewards.<domain>.options``:
 
-    - ``timeout_s`` (5.0): wall-clock limit of one program run (one run per sample for assert-style and call-based
-      tests, one per test for stdin/stdout; after a stdin/stdout test times out, the rest count as timeouts).
+    - ``timeout_s`` (5.0): wall-clock limit of one program run (one run per sample for assert-style,
+      check-function and call-based tests, one per test for stdin/stdout).
+    - ``sample_timeout_s`` (20.0): wall-clock budget of all of one sample's runs; a run gets what is left of it
+      when that is less than ``timeout_s``, and the tests left when it is spent are timeouts (scored 0). Keep it
+      below the reward worker's ``timeout_s`` (30 by default), which masks the sample instead.
     - ``reward_mode`` (``fraction``): or ``all_or_nothing``.
     - ``memory_mb`` (512), ``processes`` (16), ``file_mb`` (16), ``open_files`` (64), ``output_kb`` (1024),
-      ``tmp_mb`` (64): limits of each run (see ``SandboxLimits``).
+      ``tmp_mb`` (64), ``total_memory_mb`` (1024, all of a run's processes and files together): limits of each
+      run (see ``SandboxLimits``).
     - ``float_tolerance`` (1e-6): for numbers in call-based results and stdin/stdout output.
     - ``backend`` (``local``): or ``remote`` (a SandboxFusion-compatible service at ``remote_url``).
     - ``concurrency`` (2): local runs at once in this scorer's process; ``pool_size`` (2 x concurrency):
@@ -86,6 +102,7 @@ class CodeSandboxScorer(RewardScorer):
         self,
         *,
         timeout_s: float = 5.0,
+        sample_timeout_s: float = 20.0,
         reward_mode: str = "fraction",
         memory_mb: int = 512,
         processes: int = 16,
@@ -93,6 +110,7 @@ class CodeSandboxScorer(RewardScorer):
         open_files: int = 64,
         output_kb: int = 1024,
         tmp_mb: int = 64,
+        total_memory_mb: int = 1024,
         float_tolerance: float = 1e-6,
         backend: str = "local",
         concurrency: int = 2,
@@ -126,7 +144,9 @@ class CodeSandboxScorer(RewardScorer):
             open_files=_positive_int("open_files", open_files, 16),
             output_bytes=_positive_int("output_kb", output_kb) * 1024,
             tmp_mb=_positive_int("tmp_mb", tmp_mb),
+            total_memory_mb=_positive_int("total_memory_mb", total_memory_mb, 64),
         )
+        self.sample_timeout_s = _positive_number("sample_timeout_s", sample_timeout_s)
         self.reward_mode = reward_mode
         self.float_tolerance = _positive_number("float_tolerance", float_tolerance)
         self.backend = backend
@@ -162,7 +182,7 @@ class CodeSandboxScorer(RewardScorer):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock(), _executor=None, _executor_pid=-1)
 
-    def _run(self, job: dict, stdin: bytes = b"") -> RunOutput:
+    def _executor_here(self) -> SandboxPool | SandboxFusionClient:
         with self._lock:
             if self._executor is None or self._executor_pid != os.getpid():
                 self._executor_pid = os.getpid()
@@ -176,8 +196,13 @@ class CodeSandboxScorer(RewardScorer):
                     )
                 else:
                     self._executor = SandboxPool(self.spec, self.concurrency, self.pool_size)
-            executor = self._executor
-        return executor.run({**job, "limits": self.limits.for_job()}, stdin)
+            return self._executor
+
+    def _run(self, job: dict, stdin: bytes = b"", timeout_s: float | None = None) -> RunOutput:
+        executor = self._executor_here()
+        if isinstance(executor, SandboxFusionClient):
+            return executor.run({**job, "limits": self.limits.for_job()}, stdin)
+        return executor.run({**job, "limits": self.limits.for_job()}, stdin, timeout_s)
 
     def close(self) -> None:
         """Stop the local sandboxes kept started (they also die with the process)."""
@@ -187,22 +212,43 @@ class CodeSandboxScorer(RewardScorer):
             self._executor = None
 
     def outcomes(self, suite: TestSuite, code: str) -> list[str]:
-        """One outcome (``passed`` or a failure kind) per test of ``suite``."""
-        if isinstance(suite, AssertTests):
-            job = {"mode": "probe", "code": code, "tests": [list(t.steps) for t in suite.tests]}
-            return judge_asserts(suite, self._run(job))
+        """One outcome (``passed`` or a failure kind) per test of ``suite``, within ``sample_timeout_s``."""
+        deadline = time.monotonic() + self.sample_timeout_s
+        if isinstance(suite, CheckedTests):
+            return judge_checked(self._run_checked(suite, code, self.sample_timeout_s))
         if isinstance(suite, CallTests):
             job = {"mode": "call", "code": code, "fn_name": suite.fn_name, "calls": list(suite.inputs)}
-            return judge_calls(suite, self._run(job), self.float_tolerance)
+            return judge_calls(suite, self._run(job, timeout_s=self.sample_timeout_s), self.float_tolerance)
         assert isinstance(suite, StdioTests)
         results: list[str] = []
         for stdin, expected in zip(suite.inputs, suite.outputs, strict=True):
-            if TIMEOUT in results:
+            remaining = deadline - time.monotonic()
+            if TIMEOUT in results or remaining <= 0:
                 results.append(TIMEOUT)
                 continue
-            output = self._run({"mode": "stdio", "code": code}, stdin.encode())
+            output = self._run({"mode": "stdio", "code": code}, stdin.encode(), timeout_s=remaining)
             results.append(judge_stdio(expected, output, self.float_tolerance))
         return results
+
+    def _run_checked(self, suite: CheckedTests, code: str, timeout_s: float) -> list[str]:
+        executor = self._executor_here()
+        if isinstance(executor, SandboxFusionClient):
+            raise ValueError(
+                "code_sandbox: assert-style and check(candidate) tests need backend: local (their test code runs in "
+                "a second sandbox that talks to the program's; a remote service runs one script, which would put the "
+                "expected values in the program's reach). Use call-based or stdin/stdout tests with a remote backend."
+            )
+        limits = self.limits.for_job()
+        program = {"mode": "serve", "code": code, "limits": limits}
+        checker = {
+            "mode": "check",
+            "tests": list(suite.tests),
+            "entry_point": suite.entry_point,
+            "setup": suite.setup,
+            # The checker serves many jobs: the worker's clock bounds each, not a lifetime CPU limit.
+            "limits": {**limits, "cpu_s": 10**6},
+        }
+        return executor.run_checked(program, checker, timeout_s)
 
     @classmethod
     def check_row(cls, row: Mapping[str, object]) -> Iterator[tuple[str, str]]:
@@ -227,7 +273,15 @@ class CodeSandboxScorer(RewardScorer):
                 "code_sandbox: sample %r has no usable test_cases (%s); not scored", fields.get("id"), err
             )
             return None
-        results = self.outcomes(suite, extract_code(response or ""))
+        try:
+            results = self.outcomes(suite, extract_code(response or ""))
+        except UnsupportedTest as err:
+            logger.warning(
+                "code_sandbox: sample %r has a test that cannot be run (%s); not scored",
+                fields.get("id"),
+                err,
+            )
+            return None
         passed = sum(1 for r in results if r == PASSED)
         pass_rate = passed / len(results)
         all_passed = passed == len(results)
@@ -249,12 +303,18 @@ def _checked_spec(
     if problem:
         logger.warning("code_sandbox: %s", problem)
     bwrap = find_bwrap()
+    bpf, seccomp_problem = compiled_filter()
+    cgroups, cgroup_problem = find_memory_cgroups()
+    interpreter = choose_python(python, needs_world_access=uid is not None)
     spec = SandboxSpec(
-        python=choose_python(python, needs_world_access=uid is not None),
+        python=interpreter,
         uid=uid,
         gid=gid,
         bwrap=bwrap,
         limits=limits,
+        seccomp=bpf,
+        memory_cgroups=cgroups,
+        harness_bytecode=compile_harness(interpreter, HARNESS_SOURCE),
     )
     report = probe_layers(spec) if bwrap else None
     if report is None or not report.available["bubblewrap"]:
@@ -265,6 +325,9 @@ def _checked_spec(
             report = LayerReport(plain.available, error="; ".join(e for e in (why, plain.error) if e))
         else:
             report = LayerReport(dict.fromkeys(LAYERS, False), error=why)
+    problems = [e for e in (report.error, seccomp_problem, cgroup_problem) if e]
+    if problems:
+        report = LayerReport(report.available, error="; ".join(problems))
     require_layers(report, allow_missing)
     if report.missing:
         logger.warning("code_sandbox: running WITHOUT isolation layers %s, as configured", report.missing)

@@ -1,22 +1,23 @@
-"""The ``test_cases`` schema, and how each kind of test is split between the sandbox and the worker.
+"""The ``test_cases`` schema: the shapes of test real datasets use, parsed and checked before anything runs.
 
-``test_cases`` is JSON (text, or an already decoded object) in one of three shapes:
+``test_cases`` is JSON (text, or an already decoded object) in one of four shapes:
 
-* assert-style: ``{"asserts": ["assert f(2) == 4", ...]}``. Each string is one test: Python statements ending in
-  (or containing) ``assert`` statements, run after the solution in its namespace.
+* assert-style (MBPP and the like): ``{"asserts": ["assert f(2) == 4", ...]}``. Each string is one test: any
+  Python statements (asserts, loops, comprehensions, helper functions, computed expected values).
+* check-function (HumanEval, MBPP+/EvalPlus): ``{"test": "def check(candidate): ...", "entry_point": "f"}``.
+  The source defines ``check``; the test is ``check(f)``, with ``f`` the program's function ``entry_point``.
+  Both of these shapes take an optional ``"setup"``: code of the dataset's own (imports, helper functions
+  such as HumanEval's ``poly``) run before each test, where the program cannot reach it.
 * call-based: ``{"fn_name": "f", "inputs": [[2], [3]], "outputs": [4, 9]}``. ``inputs[i]`` is the JSON list of
   positional arguments of call ``i``, ``outputs[i]`` the JSON of its expected return value. ``fn_name`` names a
   top-level function or, LeetCode style, a method of a top-level class ``Solution``.
 * stdin/stdout: ``{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}`` (no ``fn_name``; the APPS /
   LiveCodeBench shape). Each test runs the program afresh with ``inputs[i]`` on stdin.
 
-Expected values never enter the sandbox. Call-based and stdin/stdout tests only send inputs. An assert is split
-(``split_assert``): its comparison structure and its literal operands stay in the worker, and only the other
-operands (``f(2)``, ``sorted(g(x))[0]``) go in as expressions whose values come back as data. So for
-``assert f(2) == 4`` the sandbox evaluates ``f(2)`` and the worker checks ``value == 4``. The limit of this
-scheme: an expected value that the test computes inside Python (``expected = g(2)`` in a setup statement, or
-``assert f(2) == reference(2)``) is an expression like any other, so it is evaluated in the sandbox, where the
-program could read or overwrite it. Write expected values as literals to keep them out of reach.
+Expected values never enter the program's interpreter. Call-based and stdin/stdout tests only send it inputs and
+are judged by the worker. Assert-style and check-function tests run in a second sandbox, the checker, that asks the
+program for each name the test does not define itself and gets plain data back (``relay.py``): every comparison,
+expected value and helper runs there, in Python's own semantics, on values the program cannot have tampered with.
 """
 
 from __future__ import annotations
@@ -28,57 +29,17 @@ from dataclasses import dataclass
 
 _FENCED = re.compile(r"```[ \t]*(?P<lang>[A-Za-z0-9_+-]*)[^\n]*\n(?P<code>.*?)```", re.DOTALL)
 
-#: Functions the worker applies itself to operand values; any other call is evaluated in the sandbox.
-OUTSIDE_FUNCTIONS = frozenset(
-    {
-        "abs",
-        "all",
-        "any",
-        "bool",
-        "float",
-        "frozenset",
-        "int",
-        "isinstance",
-        "len",
-        "list",
-        "max",
-        "min",
-        "round",
-        "set",
-        "sorted",
-        "str",
-        "sum",
-        "tuple",
-        "math.isclose",
-    }
-)
-#: Keyword arguments those functions may take (their values must be literals).
-OUTSIDE_KEYWORDS = {"sorted": {"reverse"}, "math.isclose": {"rel_tol", "abs_tol"}}
-#: Type names ``isinstance`` may test against, outside.
-OUTSIDE_TYPES = frozenset(
-    {"bool", "bytes", "dict", "float", "frozenset", "int", "list", "set", "str", "tuple"}
-)
-_COMPARE_OPS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Is, ast.IsNot)
-_BIN_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod)
-_UNARY_OPS = (ast.Not, ast.USub, ast.UAdd)
-
-#: Name prefix that stands for the value of probe ``i`` in a split assert.
-PROBE_PREFIX = "__probe_"
-
 
 @dataclass(frozen=True)
-class AssertTest:
-    """One assert-style test, split: ``steps`` run in the sandbox, ``checks`` are judged by the worker."""
+class CheckedTests:
+    """Assert-style or check-function tests, run by the checker sandbox against the program."""
 
-    #: For the harness: ``{"exec": source}`` (setup statements) or ``{"eval": [expression, ...]}`` (probes).
-    steps: tuple[dict, ...]
-    #: One expression per assert, whose ``__probe_<i>`` names stand for the i-th probe value of this test.
-    checks: tuple[ast.expr, ...]
-
-
-@dataclass(frozen=True)
-class AssertTests:
-    tests: tuple[AssertTest, ...]
+    #: The source of each test.
+    tests: tuple[str, ...]
+    #: Check-function tests: the program's function to pass to ``check``; ``None`` for assert-style tests.
+    entry_point: str | None = None
+    #: The dataset's own code, run in the checker before each test.
+    setup: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,7 +56,7 @@ class StdioTests:
     outputs: tuple[str, ...]
 
 
-TestSuite = AssertTests | CallTests | StdioTests
+TestSuite = CheckedTests | CallTests | StdioTests
 
 
 def extract_code(response: str) -> str:
@@ -119,14 +80,13 @@ def parse_test_cases(test_cases: object) -> TestSuite:
             raise ValueError(f"test_cases is not JSON: {err}") from None
     if not isinstance(test_cases, dict):
         raise ValueError("test_cases must be a JSON object")
-    if "asserts" in test_cases:
-        asserts = test_cases["asserts"]
-        if not isinstance(asserts, list) or not asserts or not all(isinstance(a, str) for a in asserts):
-            raise ValueError("test_cases.asserts must be a non-empty list of strings")
-        return AssertTests(tuple(split_assert(source) for source in asserts))
+    if "asserts" in test_cases or "test" in test_cases:
+        return _checked_tests(test_cases)
     inputs, outputs = test_cases.get("inputs"), test_cases.get("outputs")
     if not isinstance(inputs, list) or not isinstance(outputs, list) or not inputs:
-        raise ValueError('test_cases needs "asserts", or non-empty "inputs" and "outputs" lists')
+        raise ValueError(
+            'test_cases needs "asserts", "test" (with "entry_point"), or non-empty "inputs" and "outputs"'
+        )
     if len(inputs) != len(outputs):
         raise ValueError(f"test_cases has {len(inputs)} inputs but {len(outputs)} outputs")
     if "fn_name" in test_cases:
@@ -141,92 +101,38 @@ def parse_test_cases(test_cases: object) -> TestSuite:
     return StdioTests(tuple(inputs), tuple(outputs))
 
 
-def split_assert(source: str) -> AssertTest:
-    """Split one assert-style test into sandbox steps and worker-side checks (see the module docstring)."""
+def _checked_tests(test_cases: dict) -> CheckedTests:
+    setup = test_cases.get("setup", "")
+    if not isinstance(setup, str):
+        raise ValueError("test_cases.setup must be a string of Python code")
+    _compiles(setup, "test_cases.setup")
+    if "asserts" in test_cases:
+        asserts = test_cases["asserts"]
+        if (
+            not isinstance(asserts, list)
+            or not asserts
+            or not all(isinstance(a, str) and a.strip() for a in asserts)
+        ):
+            raise ValueError("test_cases.asserts must be a non-empty list of non-empty strings")
+        for i, source in enumerate(asserts):
+            _compiles(source, f"test_cases.asserts[{i}]")
+        return CheckedTests(tuple(asserts), setup=setup)
+    source, entry_point = test_cases["test"], test_cases.get("entry_point")
+    if not isinstance(source, str):
+        raise ValueError("test_cases.test must be a string of Python code defining check(candidate)")
+    if not isinstance(entry_point, str) or not entry_point.isidentifier():
+        raise ValueError("test_cases.test needs entry_point: the name of the program's function to check")
+    tree = _compiles(source, "test_cases.test")
+    if not any(isinstance(node, ast.FunctionDef) and node.name == "check" for node in tree.body):
+        raise ValueError("test_cases.test must define a top-level function check(candidate)")
+    return CheckedTests((source,), entry_point=entry_point, setup=setup)
+
+
+def _compiles(source: str, where: str) -> ast.Module:
     try:
-        module = ast.parse(source)
+        tree = ast.parse(source)
+        compile(tree, where, "exec")
     except SyntaxError as err:
-        raise ValueError(
-            f"assert-style test {source!r} is not valid Python: {err.msg} (line {err.lineno} of the test)"
-        ) from None
-    steps: list[dict] = []
-    checks: list[ast.expr] = []
-    setup: list[ast.stmt] = []
-    probe_count = 0
-    for statement in module.body:
-        if not isinstance(statement, ast.Assert):
-            setup.append(statement)
-            continue
-        if setup:
-            steps.append({"exec": ast.unparse(ast.Module(body=setup, type_ignores=[]))})
-            setup = []
-        probes: list[str] = []
-        checks.append(_outside(statement.test, probes, probe_count))
-        probe_count += len(probes)
-        steps.append({"eval": probes})
-    if setup:
-        steps.append({"exec": ast.unparse(ast.Module(body=setup, type_ignores=[]))})
-    return AssertTest(tuple(steps), tuple(checks))
-
-
-def _is_literal(node: ast.expr) -> bool:
-    try:
-        ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return True
-
-
-def _call_name(func: ast.expr) -> str | None:
-    if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-        return f"{func.value.id}.{func.attr}"
-    return None
-
-
-def _outside_call(node: ast.Call) -> bool:
-    name = _call_name(node.func)
-    if name not in OUTSIDE_FUNCTIONS or any(isinstance(a, ast.Starred) for a in node.args):
-        return False
-    allowed = OUTSIDE_KEYWORDS.get(name, set())
-    if not all(k.arg in allowed and _is_literal(k.value) for k in node.keywords):
-        return False
-    if name == "isinstance":
-        if len(node.args) != 2:
-            return False
-        types = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
-        return all(isinstance(t, ast.Name) and t.id in OUTSIDE_TYPES for t in types)
-    return True
-
-
-def _outside(node: ast.expr, probes: list[str], offset: int) -> ast.expr:
-    """``node`` with every subexpression the worker cannot evaluate itself replaced by a probe name."""
-
-    def recurse(child: ast.expr) -> ast.expr:
-        return _outside(child, probes, offset)
-
-    if _is_literal(node):
-        return node
-    if isinstance(node, ast.Compare) and all(isinstance(op, _COMPARE_OPS) for op in node.ops):
-        return ast.Compare(
-            left=recurse(node.left), ops=node.ops, comparators=[recurse(c) for c in node.comparators]
-        )
-    if isinstance(node, ast.BoolOp):
-        return ast.BoolOp(op=node.op, values=[recurse(v) for v in node.values])
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, _UNARY_OPS):
-        return ast.UnaryOp(op=node.op, operand=recurse(node.operand))
-    if isinstance(node, ast.BinOp) and isinstance(node.op, _BIN_OPS):
-        return ast.BinOp(left=recurse(node.left), op=node.op, right=recurse(node.right))
-    if isinstance(node, ast.List | ast.Tuple | ast.Set) and not any(
-        isinstance(e, ast.Starred) for e in node.elts
-    ):
-        return type(node)(elts=[recurse(e) for e in node.elts], ctx=ast.Load())
-    if isinstance(node, ast.Dict) and None not in node.keys:
-        return ast.Dict(keys=[recurse(k) for k in node.keys], values=[recurse(v) for v in node.values])
-    if isinstance(node, ast.Call) and _outside_call(node):
-        if _call_name(node.func) == "isinstance":
-            return ast.Call(func=node.func, args=[recurse(node.args[0]), node.args[1]], keywords=[])
-        return ast.Call(func=node.func, args=[recurse(a) for a in node.args], keywords=node.keywords)
-    probes.append(ast.unparse(node))
-    return ast.Name(id=f"{PROBE_PREFIX}{offset + len(probes) - 1}", ctx=ast.Load())
+        line = f": {err.text.strip()!r}" if err.text and err.text.strip() else ""
+        raise ValueError(f"{where} is not valid Python: {err.msg} (line {err.lineno}{line})") from None
+    return tree

@@ -1,28 +1,33 @@
-"""The in-sandbox harness: runs one untrusted program and reports what it produced, never a verdict.
+"""The in-sandbox harness: runs one program, or one set of tests, and reports what it saw.
 
-This file is not imported by the worker: its source is executed by the sandbox's own interpreter (standard library
-only, ``python -I -S -B``). Everything it reports is a *claim* about the program's behaviour: the JSON of each
-call's return value, the values of the operands of each assert, whether the program finished. Expected outputs
-never reach it, and the worker compares outside. A program that takes over this interpreter (patching these
-functions, writing to the channel itself, walking frames) can therefore only claim outputs, which is no easier
-than producing them.
+This file is executed by the sandbox's own interpreter (standard library only, ``python -I -S -B``); the worker
+also imports it for ``encode``/``decode``, the one definition of the value format both sides speak.
 
 Two ways in:
 
-* local: ``python -c <this source> serve FD`` in a pre-started sandbox. It announces ``{"ev": "ready"}`` on the
-  channel FD, then reads one job from stdin as ``<length>\\n<json>``; whatever follows on stdin is the program's
-  own stdin. Events go to FD, one JSON object per line.
+* local: ``python -c <this source> serve FD`` in a pre-started sandbox (or the same, compiled beforehand and loaded
+  by ``isolation.LOAD_HARNESS``). It announces ``{"ev": "ready"}`` on the
+  channel FD, then reads one job from stdin as ``<length>\\n<json>``; what follows on stdin is the program's stdin
+  (``stdio``) or, in the two halves of a checked run, the protocol lines below. Events go to FD, one JSON object
+  per line.
 * remote: this source followed by ``run_job(<job>, <marker>)``, sent as one script; events go to stderr, each line
   prefixed with a random marker so the worker can find them among the program's own stderr.
 
-Job modes: ``stdio`` runs the program as ``__main__`` and reports how it ended (stdout goes straight to the
-worker); ``call`` calls ``fn_name`` (or ``Solution().fn_name``) with each argument list; ``probe`` runs each test's
-setup statements and evaluates the operand expressions the worker took out of its asserts.
+Job modes:
+
+* ``stdio`` runs the program as ``__main__`` and reports how it ended (stdout goes straight to the worker);
+* ``call`` calls ``fn_name`` (or ``Solution().fn_name``) with each argument list and reports each return value.
+  Everything reported is a *claim* the worker judges outside: expected outputs never reach the program.
+* ``serve`` and ``check`` are the two halves of a checked run (assert-style and ``check(candidate)`` tests), each
+  in its own sandbox. ``serve`` loads the program and answers requests (look a name up, call a function, read an
+  attribute) with plain data, or with a handle when the value is not plain data. ``check`` runs the dataset's
+  test code, where every name the test does not define is a request to the program, and reports each test's
+  verdict. The worker relays the lines between them. Only plain data crosses, so nothing the program made (an
+  object whose ``__eq__`` always answers True, a patched builtin, a forged report) can reach the code that
+  compares, and the expected values never enter the program's interpreter.
 """
 
 import builtins
-import contextlib
-import json
 import os
 import resource
 import sys
@@ -31,9 +36,56 @@ _MAX_DEPTH = 100
 _channel_fd = 2
 _marker = b""
 
+# JSON through CPython's C accelerator: importing the ``json`` package (with ``re``, ``enum``, ...) would double the
+# interpreter's start-up, which every sandbox pays. Another interpreter gets the package.
+try:
+    import _json
+except ImportError:
+    import json as _full_json
+
+    def _dumps(value):
+        return _full_json.dumps(value, separators=(",", ":"))
+
+    def _loads(text):
+        return _full_json.loads(text)
+
+else:
+
+    class _Context:
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        memo = {}
+
+        @staticmethod
+        def parse_constant(name):
+            return {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}[name]
+
+    def _refuse(value):
+        raise TypeError(f"cannot write a value of type {type(value).__name__} as JSON")
+
+    _scan = _json.make_scanner(_Context)
+    _encode = _json.make_encoder(None, _refuse, _json.encode_basestring_ascii, None, ":", ",", False, False, True)
+
+    def _dumps(value):
+        return "".join(_encode(value, 0))
+
+    def _loads(text):
+        if type(text) is not str:
+            text = bytes(text).decode("utf-8")
+        try:
+            value, end = _scan(text, 0)
+        except StopIteration:
+            raise ValueError("not JSON") from None
+        if text[end:].strip():
+            raise ValueError("extra data after the JSON value")
+        return value
+
 
 def _emit(event):
-    data = _marker + json.dumps(event, separators=(",", ":")).encode() + b"\n"
+    data = _marker + _dumps(event).encode() + b"\n"
     while data:
         data = data[os.write(_channel_fd, data) :]
 
@@ -55,8 +107,12 @@ def _apply_limits(limits):
     _limit(resource.RLIMIT_CORE, 0)
 
 
-def encode(value, depth=0):
-    """Tagged JSON of plain data; anything else (a subclass, an object with its own ``__eq__``) is refused."""
+# ---- the value format: tagged JSON of plain built-in data ----
+
+
+def encode(value, depth=0, handle_id=None):
+    """Tagged JSON of plain data; anything else (a subclass, an object with its own ``__eq__``) raises
+    ``TypeError``. ``handle_id`` maps an object to its handle number (or ``None``), for the checker's arguments."""
     kind = type(value)
     if kind is int and value.bit_length() > 63:
         # Hex, because decimal conversion of very long ints is capped (and slow) in both interpreters.
@@ -66,14 +122,55 @@ def encode(value, depth=0):
     if depth > _MAX_DEPTH:
         raise ValueError("value nested too deeply")
     if kind is list:
-        return [encode(v, depth + 1) for v in value]
+        return [encode(v, depth + 1, handle_id) for v in value]
     if kind is tuple or kind is set or kind is frozenset:
-        return {"__t": kind.__name__, "v": [encode(v, depth + 1) for v in value]}
+        return {"__t": kind.__name__, "v": [encode(v, depth + 1, handle_id) for v in value]}
     if kind is dict:
-        return {"__t": "dict", "v": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+        return {
+            "__t": "dict",
+            "v": [
+                [encode(k, depth + 1, handle_id), encode(v, depth + 1, handle_id)] for k, v in value.items()
+            ],
+        }
     if kind is bytes:
         return {"__t": "bytes", "v": value.hex()}
-    raise TypeError(f"cannot report a value of type {kind.__name__}")
+    number = handle_id(value) if handle_id is not None else None
+    if number is not None:
+        return {"__t": "handle", "v": number}
+    raise TypeError(f"cannot send a value of type {kind.__name__}")
+
+
+def decode(value, depth=0, handles=None):
+    """Rebuild a value from its tagged JSON; ``ValueError`` on anything malformed. ``handles`` (a list) resolves
+    handle tags, on the program's side only."""
+    if depth > 2 * _MAX_DEPTH + 2:
+        raise ValueError("value nested too deeply")
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if type(value) is list:
+        return [decode(v, depth + 1, handles) for v in value]
+    if type(value) is not dict or set(value) != {"__t", "v"}:
+        raise ValueError("malformed value")
+    tag, items = value["__t"], value["v"]
+    if tag == "bytes" and type(items) is str:
+        return bytes.fromhex(items)
+    if tag == "int" and type(items) is str:
+        return int(items, 16)
+    if tag == "handle" and handles is not None and type(items) is int and 0 <= items < len(handles):
+        return handles[items]
+    if type(items) is not list:
+        raise ValueError("malformed value")
+    if tag == "tuple":
+        return tuple(decode(v, depth + 1, handles) for v in items)
+    if tag == "set":
+        return {decode(v, depth + 1, handles) for v in items}
+    if tag == "frozenset":
+        return frozenset(decode(v, depth + 1, handles) for v in items)
+    if tag == "dict":
+        if not all(type(kv) is list and len(kv) == 2 for kv in items):
+            raise ValueError("malformed dict")
+        return {decode(k, depth + 1, handles): decode(v, depth + 1, handles) for k, v in items}
+    raise ValueError(f"unknown tag {tag!r}")
 
 
 def _error_name(err):
@@ -82,15 +179,38 @@ def _error_name(err):
 
 def _finish():
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
+        try:  # noqa: SIM105 - contextlib is not imported in here: its import would slow every start
             stream.flush()
+        except BaseException:
+            pass
     _emit({"ev": "done"})
     os._exit(0)
 
 
+class _Quitter:
+    """``exit()`` and ``quit()`` as the ``site`` module defines them (the interpreter runs without ``site``)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code=None):
+        try:  # noqa: SIM105 - as in _finish
+            sys.stdin.close()
+        except BaseException:
+            pass
+        raise SystemExit(code)
+
+
+def _program_namespace(name):
+    return {"__name__": name, "__builtins__": builtins}
+
+
 def _run_stdio(code):
     sys.argv = ["solution.py"]
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    namespace = _program_namespace("__main__")
     error = None
     try:
         exec(code, namespace)
@@ -107,7 +227,7 @@ def _run_stdio(code):
 
 
 def _solution_namespace(code):
-    namespace = {"__name__": "__solution__", "__builtins__": builtins}
+    namespace = _program_namespace("__solution__")
     try:
         exec(code, namespace)
     except BaseException as err:
@@ -142,7 +262,7 @@ def _run_call(code, fn_name, calls):
         _emit({"ev": "module_error", "error": "NameError"})
         return
     for test, args_json in enumerate(calls):
-        args = json.loads(args_json)
+        args = _loads(args_json)
         event = _report(test, lambda args=args: fn(*args))
         try:
             _emit(event)
@@ -150,28 +270,96 @@ def _run_call(code, fn_name, calls):
             _emit({"t": test, "e": "Unreportable"})
 
 
-def _run_probe(code, tests):
+# ---- checked runs: the line protocol ----
+
+
+class _Lines:
+    """Lines read from a file descriptor, one JSON object each."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.buffer = b""
+
+    def next(self):
+        while b"\n" not in self.buffer:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return _loads(line)
+
+
+def _private_stdin():
+    """The job's stdin, moved out of the program's way: fd 0 becomes /dev/null."""
+    saved = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return _Lines(saved)
+
+
+def _answer(request, namespace, handles):
+    """The program's side of one request: plain data (``v``), a handle (``h``) or the exception's name (``e``)."""
+    op = request.get("op")
+    args = None
+    try:
+        if op == "get":
+            value = namespace[request["name"]]
+        elif op == "attr":
+            value = getattr(handles[request["h"]], request["name"])
+        elif op == "list":
+            value = list(handles[request["h"]])
+        else:
+            args = [decode(a, 0, handles) for a in request["args"]]
+            kwargs = {k: decode(v, 0, handles) for k, v in request["kw"]}
+            value = handles[request["h"]](*args, **kwargs)
+    except KeyError as err:
+        return {"e": "NameError" if op == "get" else _error_name(err)}
+    except BaseException as err:
+        return {"e": _error_name(err)}
+    answer = {}
+    if args is not None:
+        # Arguments the call changed in place go back, so that a test can check them.
+        after = []
+        for i, sent in enumerate(request["args"]):
+            try:
+                now = encode(args[i])
+            except BaseException:
+                now = sent
+            after.append(now)
+        if after != request["args"]:
+            answer["a"] = after
+    try:
+        answer["v"] = encode(value)
+    except TypeError:
+        handles.append(value)
+        answer["h"] = len(handles) - 1
+    except BaseException:
+        answer["e"] = "Unreportable"
+    return answer
+
+
+def _run_serve(code, requests):
+    """Load the program, then answer the checker's requests until they end."""
     namespace = _solution_namespace(code)
     if namespace is None:
         return
-    for test, steps in enumerate(tests):
-        probes = []
+    _emit({"ev": "loaded"})
+    handles = []
+    while True:
         try:
-            for step in steps:
-                if "exec" in step:
-                    exec(compile(step["exec"], f"test_{test}.py", "exec"), namespace)
-                else:
-                    for source in step["eval"]:
-                        expr = compile(source, f"test_{test}.py", "eval")
-                        probes.append(_report(test, lambda expr=expr: eval(expr, namespace)))
-        except BaseException as err:
-            _emit({"t": test, "e": _error_name(err)})
-            continue
-        event = {"t": test, "p": [{k: v for k, v in p.items() if k != "t"} for p in probes]}
-        try:
-            _emit(event)
+            request = requests.next()
         except ValueError:
-            _emit({"t": test, "e": "Unreportable"})
+            return
+        if type(request) is not dict:
+            return
+        answer = _answer(request, namespace, handles)
+        answer["id"] = request.get("id")
+        try:
+            _emit(answer)
+        except ValueError:
+            _emit({"id": request.get("id"), "e": "Unreportable"})
 
 
 def run_job(job, marker=None):
@@ -183,18 +371,27 @@ def run_job(job, marker=None):
     # The worker starts the sandbox with no environment; this drops what the interpreter set itself (PEP 538's
     # LC_CTYPE), so the program and its children see none at all.
     os.environ.clear()
+    builtins.exit = _Quitter("exit")
+    builtins.quit = _Quitter("quit")
+    mode = job["mode"]
+    if mode == "check":
+        # The checker's code comes with its first job (only checker sandboxes compile it).
+        namespace = {"__name__": "__checker__", "__builtins__": builtins}
+        exec(compile(job["checker"], "checker.py", "exec"), namespace)
+        namespace["serve_checks"](job, _private_stdin(), _emit, encode, decode)
+        _finish()
+    requests = _private_stdin() if mode == "serve" else None
     try:
         code = compile(job["code"], "solution.py", "exec")
     except BaseException as err:
         _emit({"ev": "syntax_error", "error": _error_name(err)})
         _finish()
-    mode = job["mode"]
     if mode == "stdio":
         _run_stdio(code)
     elif mode == "call":
         _run_call(code, job["fn_name"], job["calls"])
     else:
-        _run_probe(code, job["tests"])
+        _run_serve(code, requests)
     _finish()
 
 
@@ -217,7 +414,7 @@ def serve(channel_fd):
     header = b""
     while not header.endswith(b"\n"):
         header += _read_exactly(0, 1)
-    run_job(json.loads(_read_exactly(0, int(header))))
+    run_job(_loads(_read_exactly(0, int(header))))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:

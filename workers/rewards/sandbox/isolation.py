@@ -2,7 +2,7 @@
 
 Pure description; nothing here starts a process (``process.py`` does, ``layers.py`` checks what works).
 
-With bubblewrap, the program runs in new user, PID, network, IPC, UTS and mount namespaces. It sees ``/usr`` (and
+With bubblewrap, the program runs in new user, PID, network, IPC, UTS and mount namespaces, under a system-call filter (``seccomp.py``). It sees ``/usr`` (and
 the top-level links into it, such as ``/bin`` and ``/lib``) read-only, the interpreter's own installation read-only
 when it lives elsewhere, its own ``/proc``, a minimal ``/dev`` and nothing else of the host: no ``/etc``,
 ``/home``, ``/root``, ``/var`` or project tree. Only two size-limited tmpfs mounts are writable: ``/tmp`` (its
@@ -24,8 +24,11 @@ import os
 import pwd
 import shutil
 import stat
+import subprocess
 import sys
 from dataclasses import dataclass
+
+from workers.rewards.sandbox.cgroup import MemoryCgroups
 
 #: Size of the sandbox's /dev/shm (for multiprocessing's semaphores and the like).
 SHM_BYTES = 8 * 1024 * 1024
@@ -51,6 +54,8 @@ class SandboxLimits:
     output_bytes: int = 1024 * 1024
     #: Size of the private /tmp (a tmpfs, so a program that fills it fills memory, not the disk), in MiB.
     tmp_mb: int = 64
+    #: Memory of all the run's processes together, its /tmp and /dev/shm files included (a memory cgroup), in MiB.
+    total_memory_mb: int = 1024
 
     def for_job(self) -> dict[str, int]:
         """The rlimits the harness applies to itself before it touches the program."""
@@ -76,10 +81,33 @@ class SandboxSpec:
     #: Path of the ``bwrap`` executable, or ``None`` to run without bubblewrap.
     bwrap: str | None
     limits: SandboxLimits = SandboxLimits()
+    #: The system-call filter bubblewrap loads (``seccomp.py``), or ``None`` for none.
+    seccomp: bytes | None = None
+    #: Where each sandbox gets its memory cgroup (``cgroup.py``), or ``None`` for none.
+    memory_cgroups: MemoryCgroups | None = None
+    #: The harness compiled by ``python`` itself (``compile_harness``): loading it is cheaper than compiling the
+    #: source at every start; ``None`` to pass the source.
+    harness_bytecode: bytes | None = None
 
-    def argv(self, harness_source: str, channel_fd: int, info_fd: int | None) -> list[str]:
-        """The command line of a sandbox whose harness serves one job and reports on ``channel_fd``."""
-        interpreter = [self.python, "-I", "-S", "-B", "-c", harness_source, "serve", str(channel_fd)]
+    def interpreter(self, harness_source: str, channel_fd: int, code_fd: int | None = None) -> list[str]:
+        """The interpreter's command line: the harness from ``code_fd`` (holding ``harness_bytecode``), or from
+        its source."""
+        if code_fd is None or self.harness_bytecode is None:
+            return [self.python, "-I", "-S", "-B", "-c", harness_source, "serve", str(channel_fd)]
+        size = len(self.harness_bytecode)
+        return [self.python, "-I", "-S", "-B", "-c", LOAD_HARNESS, "serve", str(channel_fd), str(code_fd), str(size)]
+
+    def argv(
+        self,
+        harness_source: str,
+        channel_fd: int,
+        info_fd: int | None,
+        seccomp_fd: int | None = None,
+        code_fd: int | None = None,
+    ) -> list[str]:
+        """The command line of a sandbox whose harness serves one job and reports on ``channel_fd``; bubblewrap
+        reads the system-call filter from ``seccomp_fd``, the interpreter its compiled harness from ``code_fd``."""
+        interpreter = self.interpreter(harness_source, channel_fd, code_fd)
         if self.bwrap is None:
             return interpreter
         argv = [
@@ -123,6 +151,8 @@ class SandboxSpec:
         argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
         if info_fd is not None:
             argv += ["--info-fd", str(info_fd)]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         return [*argv, *interpreter]
 
     def effective_uid(self) -> int:
@@ -168,6 +198,34 @@ def reachable_by_others(path: str) -> bool:
         if not mode & stat.S_IXOTH:
             return False
     return True
+
+
+#: The ``-c`` program that loads the compiled harness (``argv[3]``: the descriptor, ``argv[4]``: its size) and runs
+#: it as ``__main__``.
+LOAD_HARNESS = (
+    "import marshal, os, sys\n"
+    "fd, size = int(sys.argv[3]), int(sys.argv[4])\n"
+    "code = marshal.loads(os.pread(fd, size, 0))\n"
+    "os.close(fd)\n"
+    "del fd, size\n"
+    "exec(code)\n"
+)
+_COMPILE = "import marshal, sys; sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), 'harness.py', 'exec')))"
+
+
+def compile_harness(python: str, harness_source: str) -> bytes | None:
+    """The harness compiled by ``python`` (bytecode is specific to its version), or ``None`` if that failed."""
+    try:
+        done = subprocess.run(
+            [python, "-I", "-S", "-B", "-c", _COMPILE],
+            input=harness_source.encode(),
+            capture_output=True,
+            timeout=60,
+            env={},
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 and done.stdout else None
 
 
 def choose_python(configured: str | None, needs_world_access: bool) -> str:

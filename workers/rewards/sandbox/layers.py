@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from workers.rewards.sandbox.isolation import SandboxSpec
 from workers.rewards.sandbox.process import EXITED, Sandbox, SandboxUnavailable
@@ -26,6 +27,14 @@ LAYERS: dict[str, str] = {
     "ipc_namespace": "an IPC namespace: no System V IPC or POSIX queues shared with the host",
     "mount_namespace": "a mount namespace: read-only system, private /tmp, nothing else of the host's files",
     "empty_environment": "the program's environment is empty",
+    "memory_cgroup": (
+        "a memory cgroup per sandbox: all its processes and files together stay under total_memory_mb"
+        " (RLIMIT_AS bounds each process alone)"
+    ),
+    "seccomp": (
+        "a system-call filter (libseccomp through the pyseccomp package): no kernel keyring, io_uring, ptrace, bpf,"
+        " mounts or new namespaces, and no clearing of the signal that kills the sandbox with its worker"
+    ),
 }
 
 _PROBE = """
@@ -45,6 +54,15 @@ try:
 except OSError:
     report["tmp_writable"] = False
 report["canary_visible"] = os.path.exists(CANARY)
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+report["seccomp_mode"] = status.get("Seccomp", "").strip()
+try:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    # PR_SET_PDEATHSIG with the signal it already has: harmless if allowed, EPERM (1) under the filter.
+    report["pdeathsig_refused"] = libc.prctl(1, 9, 0, 0, 0) == -1 and ctypes.get_errno() == 1
+except Exception:
+    report["pdeathsig_refused"] = False
 print(json.dumps(report))
 """
 
@@ -67,6 +85,15 @@ class IsolationUnavailable(RuntimeError):
     """The host lacks isolation layers that the config did not allow to be missing."""
 
 
+def _process_in(pid: int, cgroup_dir: str) -> bool:
+    """Whether the host's /proc places ``pid`` in the cgroup ``cgroup_dir``."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    return any(cgroup_dir.endswith(line.split(":", 2)[2]) and line.split(":", 2)[2] != "/" for line in lines)
+
+
 def _own_namespace(kind: str) -> int:
     return os.stat(f"/proc/self/ns/{kind}").st_ino
 
@@ -81,6 +108,7 @@ def probe_layers(spec: SandboxSpec) -> LayerReport:
         sandbox = Sandbox(spec)
         sandbox.wait_ready(30.0)
         uid = sandbox.host_uid()
+        in_cgroup = sandbox.cgroup is not None and _process_in(sandbox.info.get("child-pid", sandbox.proc.pid), sandbox.cgroup)
         info = dict(sandbox.info)
         job = {
             "mode": "stdio",
@@ -111,6 +139,8 @@ def probe_layers(spec: SandboxSpec) -> LayerReport:
             and not report["canary_visible"]
             and report["tmp_writable"]
         )
+        available["seccomp"] = report["seccomp_mode"] == "2" and report["pdeathsig_refused"]
+    available["memory_cgroup"] = in_cgroup
     available["unprivileged_user"] = uid not in (None, 0)
     available["empty_environment"] = report["environ"] == []
     return LayerReport(available)

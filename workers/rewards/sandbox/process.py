@@ -10,18 +10,22 @@ bubblewrap, killing the sandbox's PID 1 takes every process of its PID namespace
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
+import queue
 import selectors
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workers.rewards.sandbox import cgroup
 from workers.rewards.sandbox.isolation import SandboxSpec
 
 logger = logging.getLogger(__name__)
@@ -52,6 +56,8 @@ class RunOutput:
     events: list[dict] = field(default_factory=list)
     #: Exit status of the sandbox process (negative: killed by that signal), when it exited by itself.
     exit_code: int | None = None
+    #: The kernel killed a process of the run for passing the sandbox's memory cgroup limit.
+    oom_killed: bool = False
 
 
 def parse_events(data: bytes) -> list[dict]:
@@ -67,6 +73,84 @@ def parse_events(data: bytes) -> list[dict]:
         if isinstance(event, dict):
             events.append(event)
     return events
+
+
+def job_message(job: dict, stdin: bytes = b"") -> bytes:
+    """What the harness reads on stdin: the job's length, a newline, the job as JSON, then the program's stdin."""
+    body = json.dumps(job).encode()
+    return str(len(body)).encode() + b"\n" + body + stdin
+
+
+_to_reap: queue.SimpleQueue[Sandbox] = queue.SimpleQueue()
+_reaper: threading.Thread | None = None
+_reaper_lock = threading.Lock()
+_unreaped = 0
+
+
+def _reap_later(sandbox: Sandbox) -> None:
+    global _reaper, _unreaped
+    with _reaper_lock:
+        _unreaped += 1
+        if _reaper is None or not _reaper.is_alive():
+            _reaper = threading.Thread(target=_reap_queued, name="sandbox-reaper", daemon=True)
+            _reaper.start()
+    _to_reap.put(sandbox)
+
+
+def _reap_queued() -> None:
+    global _unreaped
+    while True:
+        sandbox = _to_reap.get()
+        try:
+            sandbox._reap()
+        except Exception:  # noqa: BLE001 - one sandbox's clean-up must not stop the others'
+            logger.exception("code sandbox: cleaning up a killed sandbox failed")
+        finally:
+            with _reaper_lock:
+                _unreaped -= 1
+
+
+def drain_reaper(timeout_s: float = 10.0) -> bool:
+    """Wait until every sandbox killed with ``reap=False`` is reaped; whether that happened in time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with _reaper_lock:
+            if _unreaped == 0:
+                return True
+        time.sleep(0.005)
+    return False
+
+
+_harness_fds: dict[tuple[int, bytes], int] = {}
+_harness_lock = threading.Lock()
+
+
+def _harness_fd(bytecode: bytes) -> int:
+    """A read-only descriptor holding the compiled harness, one per process, shared by every sandbox it starts
+    (each reads it with ``pread``, so no offset is shared)."""
+    key = (os.getpid(), bytecode)
+    with _harness_lock:
+        if key not in _harness_fds:
+            fd = _filter_fd(bytecode, "roll-sandbox-harness", os.MFD_ALLOW_SEALING)
+            # Sealed: nothing can change what later sandboxes (checkers included) run, whoever holds it.
+            seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+            _harness_fds[key] = fd
+        return _harness_fds[key]
+
+
+def _filter_fd(bpf: bytes, name: str = "roll-sandbox-seccomp", flags: int = 0) -> int:
+    """A file descriptor from which bubblewrap reads the compiled system-call filter."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | flags)
+    try:
+        view = memoryview(bpf)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _parent_pid(pid: int) -> int | None:
@@ -87,7 +171,9 @@ class Sandbox:
         self._workdir = None
         channel_r, channel_w = os.pipe()
         info_r, info_w = os.pipe() if spec.bwrap else (None, None)
-        pass_fds = [channel_w] + ([info_w] if info_w is not None else [])
+        seccomp_fd = _filter_fd(spec.seccomp) if spec.bwrap and spec.seccomp else None
+        code_fd = _harness_fd(spec.harness_bytecode) if spec.harness_bytecode else None
+        pass_fds = [fd for fd in (channel_w, info_w, seccomp_fd, code_fd) if fd is not None]
         kwargs: dict = {}
         if spec.uid is not None:
             kwargs.update(user=spec.uid, group=spec.gid, extra_groups=[])
@@ -99,7 +185,7 @@ class Sandbox:
             kwargs["cwd"] = self._workdir
         try:
             self.proc = subprocess.Popen(
-                spec.argv(HARNESS_SOURCE, channel_w, info_w),
+                spec.argv(HARNESS_SOURCE, channel_w, info_w, seccomp_fd, code_fd),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -109,20 +195,32 @@ class Sandbox:
                 **kwargs,
             )
         except BaseException:
-            for fd in (channel_r, channel_w, info_r, info_w):
+            for fd in (channel_r, channel_w, info_r, info_w, seccomp_fd):
                 if fd is not None:
                     os.close(fd)
             self._remove_workdir()
             raise
-        os.close(channel_w)
-        if info_w is not None:
-            os.close(info_w)
+        for fd in (channel_w, info_w, seccomp_fd):
+            if fd is not None:
+                os.close(fd)
         self._channel = channel_r
         self._info_fd = info_r
         self._channel_head = b""
         self._pidfd: int | None = None
         #: What bubblewrap reported about the sandbox (child pid, namespace inodes); empty without bubblewrap.
         self.info: dict = {}
+        #: Jobs handed over so far (only a checker sandbox serves more than one).
+        self.jobs = 0
+        self._cgroup: str | None = None
+        self._oom_killed: bool | None = None
+
+    def prepare(self, timeout_s: float) -> None:
+        """Learn the sandbox's PID 1 from bubblewrap and put it in its memory cgroup: the slow part of the set-up
+        after the start, which the pool's starter thread does ahead (``wait_ready`` does it otherwise)."""
+        if self._info_fd is not None:
+            self._read_info(time.monotonic() + timeout_s)
+        if self.spec.memory_cgroups is not None and self._cgroup is None:
+            self._enter_cgroup()
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until the harness is up; raise ``SandboxUnavailable`` (with bubblewrap's message) if it is not."""
@@ -137,6 +235,30 @@ class Sandbox:
             self.kill()
             err = stderr[-2000:].decode(errors="replace").strip()
             raise SandboxUnavailable(f"the sandbox did not start: {err or 'no ready signal'}")
+        if self.spec.memory_cgroups is not None and self._cgroup is None:
+            self._enter_cgroup()
+
+    def _enter_cgroup(self) -> None:
+        """Put the harness (the only process that will start the program's) in a cgroup of its own."""
+        cgroups = self.spec.memory_cgroups
+        try:
+            self._cgroup = cgroups.create(self.spec.limits.total_memory_mb * 1024 * 1024)
+            cgroup.add(self._cgroup, self.info.get("child-pid", self.proc.pid))
+        except OSError as err:
+            self.kill()
+            raise SandboxUnavailable(f"the sandbox's memory cgroup could not be set up: {err}") from err
+
+    @property
+    def cgroup(self) -> str | None:
+        """The sandbox's memory cgroup, once it is ready (``None`` without cgroups)."""
+        return self._cgroup
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed one of the sandbox's processes for passing ``total_memory_mb``."""
+        if self._oom_killed is None:
+            cgroups = self.spec.memory_cgroups
+            return bool(self._cgroup and cgroups is not None and cgroups.oom_killed(self._cgroup))
+        return self._oom_killed
 
     def _read_info(self, deadline: float) -> None:
         data = self._read_until(self._info_fd, None, deadline)
@@ -186,10 +308,18 @@ class Sandbox:
             return None
         return None
 
+    def fds(self) -> tuple[int, int, int, int]:
+        """The sandbox's stdin, stdout, stderr and channel, for a caller that drives them itself (``relay``)."""
+        return self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.proc.stderr.fileno(), self._channel
+
+    @property
+    def channel_head(self) -> bytes:
+        """What the channel said before the job (the ``ready`` event)."""
+        return self._channel_head
+
     def run(self, job: dict, stdin: bytes, output_bytes: int, timeout_s: float) -> RunOutput:
         """Hand over ``job`` (and ``stdin``), collect the output, kill the tree. The sandbox is used up."""
-        body = json.dumps(job).encode()
-        pending = str(len(body)).encode() + b"\n" + body + stdin
+        pending = job_message(job, stdin)
         out_fd, err_fd, channel_fd = self.proc.stdout.fileno(), self.proc.stderr.fileno(), self._channel
         buffers = {out_fd: bytearray(), err_fd: bytearray(), channel_fd: bytearray(self._channel_head)}
         status = EXITED
@@ -224,12 +354,9 @@ class Sandbox:
                             status = OUTPUT_LIMIT
                             readers = 0
                             break
-            if status == EXITED:
-                # Every copy of the pipes is closed: the processes are ending; give bubblewrap its last moments.
-                try:
-                    self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    status = TIMEOUT
+            # Every copy of the pipes is closed: the processes are ending; give bubblewrap its last moments.
+            if status == EXITED and not self.wait_exit(max(0.1, deadline - time.monotonic())):
+                status = TIMEOUT
         finally:
             exit_code = self.kill()
         if status == EXITED and exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
@@ -240,7 +367,29 @@ class Sandbox:
             stderr=bytes(buffers[err_fd][:output_bytes]),
             events=parse_events(bytes(buffers[channel_fd][:output_bytes])),
             exit_code=exit_code if status == EXITED else None,
+            oom_killed=self.oom_killed(),
         )
+
+    def wait_exit(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for bubblewrap (or the plain interpreter) to exit and reap it; whether it did.
+        Waits on a pidfd, so it wakes the moment the process ends (``Popen.wait`` with a timeout polls)."""
+        if self.proc.poll() is not None:
+            return True
+        try:
+            pidfd = os.pidfd_open(self.proc.pid)
+        except OSError:
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(pidfd, selectors.EVENT_READ)
+                selector.select(timeout_s)
+        finally:
+            os.close(pidfd)
+        return self.proc.poll() is not None
 
     @staticmethod
     def _feed(fd: int, pending: bytes) -> bytes:
@@ -252,8 +401,10 @@ class Sandbox:
             # The program stopped reading (or ended): the rest of its stdin is of no use.
             return b""
 
-    def kill(self) -> int | None:
-        """Kill every process of the sandbox and reap bubblewrap; returns the exit status if it had already ended."""
+    def kill(self, reap: bool = True) -> int | None:
+        """Kill every process of the sandbox and reap bubblewrap; returns the exit status if it had already ended.
+        ``reap=False`` leaves the waiting for bubblewrap (which exits once the kernel has torn the namespaces down,
+        a few milliseconds) and the clean-up to a background thread (``drain_reaper`` waits for it)."""
         already = self.proc.poll()
         if self._info_fd is not None and already is None:
             # Never used: learn its PID 1 first, since killing bubblewrap alone while it sets up the namespaces
@@ -262,9 +413,19 @@ class Sandbox:
         if self._pidfd is not None:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            if not reap:
+                if self._cgroup is not None:
+                    self._oom_killed = self.oom_killed()
+                _reap_later(self)
+                return already
             # bubblewrap reaps its child and exits by itself; the host's init need not.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=2.0)
+            self.wait_exit(2.0)
+        self._reap()
+        return already
+
+    def _reap(self) -> None:
+        if self._pidfd is not None:
+            self.wait_exit(2.0)
         elif self.spec.bwrap is None and self.proc.returncode is None:
             # No PID namespace: the session is the best handle (a program that calls setsid leaves it).
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -285,7 +446,11 @@ class Sandbox:
                     os.close(fd)
         self._channel = self._info_fd = self._pidfd = None
         self._remove_workdir()
-        return already
+        if self._cgroup is not None:
+            if self._oom_killed is None:
+                self._oom_killed = self.oom_killed()
+            cgroup.remove_later(self._cgroup)
+            self._cgroup = None
 
     def _remove_workdir(self) -> None:
         if self._workdir is not None:

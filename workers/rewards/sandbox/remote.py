@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 def remote_script(job: dict, marker: str) -> str:
     """The harness with the job embedded, reporting on stderr behind ``marker``."""
-    return f"{HARNESS_SOURCE}\nrun_job(json.loads({json.dumps(job)!r}), {marker!r})\n"
+    return f"{HARNESS_SOURCE}\nrun_job(_loads({json.dumps(job)!r}), {marker!r})\n"
 
 
 class SandboxFusionClient:
