@@ -902,3 +902,30 @@ def test_a_run_killed_for_memory_is_a_memory_limit():
     finally:
         scorer.close()
     assert (result.score, first_failure(result)) == (0.0, "memory_limit")
+
+
+EXITS_WITHOUT_CLOSING = """
+import json, sys
+sys.path.insert(0, {root!r})
+from workers.rewards.code_sandbox import CodeSandboxScorer
+scorer = CodeSandboxScorer(concurrency=2, pool_size=6)
+tests = json.dumps({{"fn_name": "f", "inputs": [[2]], "outputs": [4]}})
+assert scorer.score("def f(x):\\n    return x * x\\n", "", test_cases=tests).correct
+print(__import__("os").getpid(), flush=True)
+# No close(): the interpreter exits while the pool is still starting sandboxes.
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_that_exits_without_closing_leaves_nothing(scorer):
+    scorer.close()
+    root = str(Path(__file__).resolve().parent.parent)
+    base = scorer.spec.memory_cgroups.base
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", EXITS_WITHOUT_CLOSING.format(root=root)], capture_output=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        pid = int(done.stdout)
+        assert leftover_processes() == []
+        assert not [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{pid}-")]

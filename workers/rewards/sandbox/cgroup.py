@@ -27,6 +27,7 @@ _COUNTER = itertools.count()
 _to_remove: queue.SimpleQueue[str] = queue.SimpleQueue()
 _remover: threading.Thread | None = None
 _remover_lock = threading.Lock()
+_queued = 0
 _NAME = re.compile(r"roll-sandbox-(\d+)-\d+")
 
 
@@ -76,8 +77,9 @@ def add(path: str, pid: int) -> None:
 def remove_later(path: str) -> None:
     """Remove the cgroup ``path`` from a background thread: a removal can take milliseconds (the kernel lets the
     killed processes go first), which a run should not wait for."""
-    global _remover
+    global _remover, _queued
     with _remover_lock:
+        _queued += 1
         if _remover is None or not _remover.is_alive():
             _remover = threading.Thread(target=_remove_queued, name="sandbox-cgroup-remover", daemon=True)
             _remover.start()
@@ -85,10 +87,26 @@ def remove_later(path: str) -> None:
 
 
 def _remove_queued() -> None:
+    global _queued
     while True:
         path = _to_remove.get()
-        if not remove(path, wait_s=10.0):
-            logger.warning("code sandbox: could not remove the cgroup %s", path)
+        try:
+            if not remove(path, wait_s=10.0):
+                logger.warning("code sandbox: could not remove the cgroup %s", path)
+        finally:
+            with _remover_lock:
+                _queued -= 1
+
+
+def drain_removals(timeout_s: float = 10.0) -> bool:
+    """Wait until the cgroups handed to ``remove_later`` are removed; whether that happened in time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with _remover_lock:
+            if _queued == 0:
+                return True
+        time.sleep(0.005)
+    return False
 
 
 def remove(path: str, wait_s: float = 2.0) -> bool:

@@ -14,6 +14,7 @@ import threading
 import time
 import weakref
 
+from workers.rewards.sandbox import cgroup
 from workers.rewards.sandbox.isolation import SandboxSpec
 from workers.rewards.sandbox.process import RunOutput, Sandbox, SandboxUnavailable, drain_reaper
 from workers.rewards.sandbox.relay import run_checked
@@ -49,8 +50,11 @@ class SandboxPool:
         self._thread = threading.Thread(target=self._keep_started, name="sandbox-pool", daemon=True)
         self._thread.start()
         # Idle sandboxes die with the pool (or at interpreter exit) rather than wait forever on stdin.
+        # At interpreter exit too: the starter thread is let finish the sandbox it is starting, since bubblewrap
+        # killed (by its parent's exit) in the middle of its set-up can leave its namespace's first process waiting
+        # for ever.
         self._finalizer = weakref.finalize(
-            self, _discard_all, self._ready, self._checkers, self._closed, self._wanted
+            self, _discard_all, self._ready, self._checkers, self._closed, self._wanted, self._thread
         )
 
     def _keep_started(self) -> None:
@@ -120,13 +124,10 @@ class SandboxPool:
             raise
         return item
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Kill the idle sandboxes and stop starting new ones; waits (up to ``timeout_s``) for the starter thread,
-        which kills the sandbox it was starting when the pool closed."""
+    def close(self) -> None:
+        """Stop starting sandboxes and kill the idle ones (the one being started too, once it is up), then wait for
+        the killed ones to be reaped and their cgroups removed. Also done at interpreter exit."""
         self._finalizer()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
-        drain_reaper(timeout_s)
 
 
 def _within(limit: float, budget: float | None) -> float:
@@ -138,11 +139,16 @@ def _discard_all(
     checkers: queue.SimpleQueue,
     closed: threading.Event,
     wanted: threading.Semaphore,
+    starter: threading.Thread,
 ) -> None:
     closed.set()
     wanted.release()
+    if starter is not threading.current_thread():
+        starter.join(START_TIMEOUT_S)
     _drain(ready)
     _drain(checkers)
+    drain_reaper(10.0)
+    cgroup.drain_removals(10.0)
 
 
 def _drain(ready: queue.SimpleQueue) -> None:
