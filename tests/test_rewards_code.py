@@ -5,6 +5,7 @@ Hostile programs are in test_code_sandbox_hostile.py, remote mode in test_code_s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -68,6 +69,7 @@ def scorer():
         ("```python\na = 1\n```\ntext\n```python\nb = 2\n```", "b = 2\n"),
         ("```py\na = 1\n```", "a = 1\n"),
         ("```\na = 1\n```", "a = 1\n"),
+        ("```\na = 1\n```\n```\nb = 2\n```", "b = 2\n"),
         ("```text\nout\n```\n```python\na = 1\n```", "a = 1\n"),
         ("a = 1", "a = 1"),
     ],
@@ -95,15 +97,23 @@ def test_parse_the_four_formats():
         ('{"asserts": []}', "non-empty list"),
         ('{"asserts": [1]}', "non-empty list"),
         ('{"asserts": ["  "]}', "non-empty strings"),
-        ('{"asserts": ["assert f(1)", "assert ("]}', r"asserts\[1\] is not valid Python"),
+        ('{"asserts": ["assert f(1)", "assert ("]}', r"asserts\[1\] is not valid Python: .* \(line 1: 'assert \('\)$"),
+        # A compiler error without a source line (text None): named by its line number alone.
+        ('{"asserts": ["return 1"]}', r"asserts\[0\] is not valid Python: 'return' outside function \(line 1\)$"),
         ('{"asserts": ["assert f(1)"], "setup": "def ("}', "setup is not valid Python"),
         ('{"asserts": ["assert f(1)"], "setup": 3}', "setup must be a string"),
         ('{"test": "x = 1", "entry_point": "f"}', "top-level function check"),
+        ('{"test": "def checker(c):\\n    pass", "entry_point": "f"}', "top-level function check"),
+        ('{"test": "def cheap(c):\\n    pass", "entry_point": "f"}', "top-level function check"),
         ('{"test": "def check(c):\\n    pass"}', "entry_point"),
         ('{"test": "def check(c):\\n    pass", "entry_point": "a b"}', "entry_point"),
         ('{"test": 5, "entry_point": "f"}', "defining check"),
         ("{}", "needs"),
         ('{"inputs": ["1"], "outputs": []}', "1 inputs but 0 outputs"),
+        ('{"inputs": ["1"], "outputs": ["1", "2"]}', "1 inputs but 2 outputs"),
+        ('{"inputs": [], "outputs": []}', "needs"),
+        ('{"inputs": "1", "outputs": ["1"]}', "needs"),
+        ('{"inputs": ["1"], "outputs": "1"}', "needs"),
         ('{"fn_name": "f x", "inputs": [[1]], "outputs": [1]}', "identifier"),
         ('{"fn_name": "f", "inputs": [1], "outputs": [1]}', "list of arguments"),
         ('{"inputs": [1], "outputs": ["1"]}', "must be strings"),
@@ -112,6 +122,17 @@ def test_parse_the_four_formats():
 def test_invalid_test_cases_are_named(test_cases, message):
     with pytest.raises(ValueError, match=message):
         parse_test_cases(test_cases)
+
+
+def test_many_tests_parse_and_suites_are_frozen():
+    # 300 of each: equal lengths past the small ints CPython caches must still compare equal.
+    stdio = parse_test_cases({"inputs": ["x"] * 300, "outputs": ["x"] * 300})
+    assert len(stdio.inputs) == len(stdio.outputs) == 300
+    calls = parse_test_cases({"fn_name": "f", "inputs": [[1]], "outputs": [1]})
+    checked = parse_test_cases({"asserts": ["assert f(1)"]})
+    for suite, field in ((stdio, "inputs"), (calls, "fn_name"), (checked, "tests")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(suite, field, None)
 
 
 def test_expected_values_never_go_into_the_programs_job(scorer, monkeypatch):
