@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from workers.rewards.code_sandbox import CodeSandboxScorer
+from workers.rewards.sandbox.isolation import LOAD_HARNESS
 from workers.rewards.sandbox.layers import IsolationUnavailable
 from workers.rewards.sandbox.pool import SandboxPool
-from workers.rewards.sandbox.process import HARNESS_SOURCE
+from workers.rewards.sandbox.process import HARNESS_SOURCE, kill_orphaned_sandboxes
 
 MARKER = f"7{os.getpid() % 1000:03d}.4242"
 #: A new file in the host's /etc: the program must not be able to create it (removed again if it does).
@@ -58,7 +59,8 @@ def canary():
 
 def leftover_processes() -> list[str]:
     """Processes of a sandbox run still on the host: harness copies, our marked sleepers, unreaped bubblewraps."""
-    harness_start = HARNESS_SOURCE[:200].encode()
+    # A sandbox's command line carries the harness's source, or the loader of its compiled form (the usual case).
+    signatures = (HARNESS_SOURCE[:200].encode(), LOAD_HARNESS.encode(), MARKER.encode())
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -69,7 +71,7 @@ def leftover_processes() -> list[str]:
         except OSError:
             continue
         zombie_bwrap = stat.split(" ", 2)[1] == "(bwrap)" and stat.rsplit(")", 1)[1].split()[0] == "Z"
-        if harness_start in cmdline or MARKER.encode() in cmdline or zombie_bwrap:
+        if any(signature in cmdline for signature in signatures) or zombie_bwrap:
             found.append(f"{proc.name}: {stat[:40]} {cmdline[:80]!r}")
     return found
 
@@ -801,15 +803,19 @@ def test_nothing_outlives_a_scoring_process_killed_mid_run(scorer):
         assert marked_processes(), "the program's hidden child never started"
         process.kill()  # SIGKILL: no finalizer, no atexit, no pool.close()
         process.wait()
+        # The program's processes die with the worker, at once: nothing they do can keep them.
+        deadline = time.monotonic() + 30.0
+        while marked_processes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marked_processes() == []
+        # What the dead worker could not clean up itself (a spare sandbox caught in bubblewrap's set-up, the empty
+        # cgroups) goes when the next scorer starts.
+        CodeSandboxScorer(concurrency=1).close()
         deadline = time.monotonic() + 30.0
         while leftover_processes() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert leftover_processes() == []
-        # Its sandbox's cgroup, empty now, is removed by the next scorer to start (a dead worker cannot).
         base = scorer.spec.memory_cgroups.base
-        left = [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{process.pid}-")]
-        assert left, "the killed worker's cgroup should still be there"
-        CodeSandboxScorer(concurrency=1).close()
         assert not [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{process.pid}-")]
     finally:
         process.kill()
@@ -929,3 +935,34 @@ def test_a_worker_that_exits_without_closing_leaves_nothing(scorer):
         pid = int(done.stdout)
         assert leftover_processes() == []
         assert not [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{pid}-")]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starts processes as the sandbox user")
+def test_orphaned_sandbox_processes_are_killed_at_start_and_live_ones_are_not(scorer):
+    uid = scorer.spec.effective_uid()
+    python = scorer.spec.python  # an interpreter the sandbox user can run
+    sleeper = [python, "-c", "import time; time.sleep(600)", LOAD_HARNESS]
+    # An orphan (its parent exits at once, so the host's init adopts it) and a live worker's child.
+    spawner = subprocess.run(
+        [python, "-c", "import subprocess as s, sys; print(s.Popen(sys.argv[1:], stdout=s.DEVNULL, stderr=s.DEVNULL).pid)", *sleeper],
+        capture_output=True,
+        user=uid,
+        check=True,
+        timeout=60,
+    )
+    orphan = int(spawner.stdout)
+    live = subprocess.Popen(sleeper, user=uid)
+    try:
+        deadline = time.monotonic() + 10.0
+        while kill_orphaned_sandboxes(uid) != [orphan] and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the orphan is adopted
+        assert live.poll() is None
+        deadline = time.monotonic() + 10.0
+        while Path(f"/proc/{orphan}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{orphan}").exists() or "Z" in Path(f"/proc/{orphan}/stat").read_text().split()[2]
+    finally:
+        live.kill()
+        live.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(orphan, 9)

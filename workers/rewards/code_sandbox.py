@@ -51,7 +51,7 @@ from workers.rewards.sandbox.judge import (
 )
 from workers.rewards.sandbox.layers import LAYERS, LayerReport, probe_layers, require_layers
 from workers.rewards.sandbox.pool import SandboxPool
-from workers.rewards.sandbox.process import HARNESS_SOURCE, TIMEOUT, RunOutput
+from workers.rewards.sandbox.process import HARNESS_SOURCE, TIMEOUT, RunOutput, kill_orphaned_sandboxes
 from workers.rewards.sandbox.remote import SandboxFusionClient
 from workers.rewards.sandbox.seccomp import compiled_filter
 
@@ -304,6 +304,7 @@ def _checked_spec(
         logger.warning("code_sandbox: %s", problem)
     bwrap = find_bwrap()
     bpf, seccomp_problem = compiled_filter()
+    kill_orphaned_sandboxes(uid if uid is not None else os.getuid())
     cgroups, cgroup_problem = find_memory_cgroups()
     interpreter = choose_python(python, needs_world_access=uid is not None)
     spec = SandboxSpec(

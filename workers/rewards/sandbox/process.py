@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.rewards.sandbox import cgroup
-from workers.rewards.sandbox.isolation import SandboxSpec
+from workers.rewards.sandbox.isolation import LOAD_HARNESS, SandboxSpec
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,31 @@ def parse_events(data: bytes) -> list[dict]:
         if isinstance(event, dict):
             events.append(event)
     return events
+
+
+def kill_orphaned_sandboxes(uid: int) -> list[int]:
+    """Kill the sandbox processes of workers that are gone: those of ``uid`` whose command line is a sandbox's
+    (the harness or its loader) and whose parent is the host's init. A worker killed by SIGKILL while bubblewrap
+    was still setting a sandbox up leaves its namespace's first process waiting for a parent that never answers;
+    a live worker's sandboxes always have their bubblewrap as parent. Returns the pids killed."""
+    signatures = (HARNESS_SOURCE[:200].encode(), LOAD_HARNESS.encode())
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid or _parent_pid(int(entry.name)) != 1:
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if any(signature in cmdline for signature in signatures):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    if killed:
+        logger.warning("code sandbox: killed %d sandbox process(es) left by workers that are gone", len(killed))
+    return killed
 
 
 def job_message(job: dict, stdin: bytes = b"") -> bytes:
