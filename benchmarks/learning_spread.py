@@ -5,7 +5,10 @@ and 32 prompts that are both training and validation data), run once per seed wi
 draw order, sampling and worker seeds all follow it). Prints one line per run and a summary per case: the gain in
 prompts answered right (greedy, of 32) at the end of `--steps` steps, its min / median / max.
 
-    python -m benchmarks.learning_spread --seeds 1 2 3 4 5 [--cases grpo dapo] [--steps 20]
+    python -m benchmarks.learning_spread --seeds 1 2 3 4 5 [--cases grpo dapo] [--steps 20] [--model DIR]
+
+`--model` runs the cases from another build of the policy (default: examples/models/tiny-qwen2), e.g. one of
+`roll model build tiny-qwen2 --seed N --models-dir DIR`, to see how the gains depend on the build.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ from tests.conftest import TINY_MODEL
 from tests.test_learning import CASES, PROMPTS, run_case
 
 
-def gain_of_one_run(case: str, seed: int, steps: int) -> tuple[float, float, float]:
+def gain_of_one_run(case: str, seed: int, steps: int, model: Path = TINY_MODEL) -> tuple[float, float, float]:
     """(start accuracy, end accuracy, seconds) of one run of a case."""
     example, extra = CASES[case]
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        _, summary = run_case(example, extra, Path(tmp), TINY_MODEL, seed=seed, max_steps=steps)
+        _, summary = run_case(example, extra, Path(tmp), model, seed=seed, max_steps=steps)
         return (summary["start"]["val_correct/all/mean"], summary["end"]["val_correct/all/mean"],
                 time.perf_counter() - started)
 
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--steps", type=int, default=None, help="default: the test's STEPS")
+    parser.add_argument("--model", type=Path, default=TINY_MODEL, help="the policy's build (default: %(default)s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from tests.test_learning import STEPS
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.cases:
         gains = []
         for seed in args.seeds:
-            start, end, seconds = gain_of_one_run(case, seed, steps)
+            start, end, seconds = gain_of_one_run(case, seed, steps, args.model)
             gains.append(round((end - start) * PROMPTS))
             print(f"{case} seed {seed}: {start:.3f} -> {end:.3f} ({gains[-1]:+d} of {PROMPTS} prompts) "
                   f"in {seconds:.0f} s", flush=True)

@@ -104,7 +104,12 @@ def cmd_model_build_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_model_build(args: argparse.Namespace) -> int:
-    from roll_pipeline.models.embedded import EMBEDDED_MODELS, build_embedded_model
+    from roll_pipeline.models.embedded import (
+        EMBEDDED_MODELS,
+        build_embedded_model,
+        build_problems,
+        known_build,
+    )
     from roll_pipeline.models.tiny import weights_sha256
 
     unknown = [name for name in args.names if name not in EMBEDDED_MODELS]
@@ -119,9 +124,13 @@ def cmd_model_build(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         digest = weights_sha256(path)
         echo(f"{name} ready at {path} (weights sha256 {digest})")
-        if args.seed == 0 and digest != EMBEDDED_MODELS[name].reference_sha256:
-            warn(f"{name}'s weights differ from the reference build's ({EMBEDDED_MODELS[name].reference_sha256}): "
-                 "other package versions, or a CPU without AVX2; figures measured on the reference may not hold")
+        problems = build_problems(name, path)
+        if problems:
+            warn(f"{name} is not a sound build ({'; '.join(problems)}): the warm-up went wrong")
+        if args.seed == 0 and known_build(name, digest) is None:
+            known = ", ".join(sha[:8] for sha, _ in EMBEDDED_MODELS[name].known_builds)
+            warn(f"{name}'s weights are none of its known builds ({known}): other package versions, a CPU without "
+                 "AVX2, or a processor not seen before; the README's figures were measured on the known builds")
     return 0
 
 

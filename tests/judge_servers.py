@@ -184,3 +184,32 @@ class StubJudge:
     def __exit__(self, *_: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+# Served verdicts equal to the in-process ones, of 48: 48 on each of the judge's builds of seeds 0-3 (AMD EPYC,
+# 2026-11-25), served by `roll serve` and by the Ray judge actor; one may flip where a served batch pads otherwise
+# and a reply is a near tie.
+SERVED_AS_OWN_OF_48 = 47
+
+
+def assert_judges_own_verdicts(records: list[dict], rows: list[dict], model_dir: Path = JUDGE_MODEL) -> None:
+    """The rewards of `records` (scored from `rows` of judge_val.jsonl) are the judge's own verdicts and a judge's.
+
+    Own: equal to those of its greedy replies computed in this process from the same weights (the served path adds
+    the template, the round trip, batching and the verdict parser). A judge's: right more often than a sound
+    build's least (roll_pipeline/models/embedded.py), and not one verdict for everything. How often right depends
+    on the build, so on the processor that built it: 43, 34, 42 and 40 of the first 48 rows on the builds of seeds
+    0-3 (AMD EPYC, 2026-11-25), so a bound near 0.85 would fail on some machines' builds.
+    """
+    from roll_pipeline.models.embedded import EMBEDDED_MODELS
+    from roll_pipeline.models.tiny_judge import judge_verdicts
+
+    assert len(rows) == 48
+    own = judge_verdicts(model_dir, rows)
+    served = [1.0 if r["correct"] else 0.0 for r in records]
+    same = sum(a == b for a, b in zip(served, own, strict=True))
+    assert same >= SERVED_AS_OWN_OF_48, f"{same}/{len(rows)} served verdicts are the judge's own"
+    agree = [r["correct"] == (row["verdict"] == "YES") for r, row in zip(records, rows, strict=True)]
+    least = EMBEDDED_MODELS[model_dir.name].min_verdict_accuracy
+    assert sum(agree) / len(agree) >= least, f"{sum(agree)}/{len(agree)} verdicts as expected"
+    assert {r["correct"] for r in records} == {True, False}

@@ -16,7 +16,14 @@ import pytest
 import yaml
 
 from roll_pipeline.data.synthetic import TINY_JUDGE_TEMPLATE
-from tests.judge_servers import JUDGE_MODEL, ROOT, HeldReply, ServeProcess, StubJudge
+from tests.judge_servers import (
+    JUDGE_MODEL,
+    ROOT,
+    HeldReply,
+    ServeProcess,
+    StubJudge,
+    assert_judges_own_verdicts,
+)
 from workers.rewards.judge.limits import ConcurrencySlots, RateLimiter, gcra
 from workers.rewards.llm_judge import (
     DEFAULT_TEMPLATE,
@@ -527,10 +534,7 @@ def test_tiny_judge_rewards_for_known_verdicts(tiny_judge_server):
     assert not any(r["masked"] for r in records), records
     for record in records:
         assert record["score"] == (1.0 if record["correct"] else 0.0)
-    agree = [r["correct"] == (row["verdict"] == "YES") for r, row in zip(records, rows, strict=True)]
-    assert sum(agree) / len(agree) >= 0.85, f"{sum(agree)}/{len(agree)} verdicts as expected"
-    # both verdicts occur: the judge is not answering YES (or NO) to everything
-    assert {r["correct"] for r in records} == {True, False}
+    assert_judges_own_verdicts(records, rows)
 
 
 @pytest.mark.slow

@@ -5,13 +5,14 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from roll_pipeline.models.embedded import EMBEDDED_MODELS
+from roll_pipeline.models.embedded import EMBEDDED_MODELS, build_problems, known_build
 from roll_pipeline.models.tiny import BUILD_INFO, build_tiny_model, weights_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,8 +84,8 @@ def test_same_spec_is_cached_and_new_seed_rebuilds(built, tmp_path):
 # find (an AVX2-only CPU, emulated on an AVX-512 one: torch's kernels as it picks them there, MKL's and glibc's).
 # Without the build's pinned kernels this machine's build and the emulated one differ (measured 2026-11-24 on an
 # AVX-512 AMD EPYC, full build: 0c25241d... against 52688a35..., the reference of then; this short one differs too).
-# Another vendor cannot be emulated: test_the_embedded_models_make_test_built_are_the_reference_builds is what
-# catches it, on whichever processor CI draws (it caught an Intel Xeon building another model than the EPYC).
+# Another vendor cannot be emulated, and does build another model: an Intel Xeon and an AMD EPYC (Zen 4) did,
+# with every pin above (see known_builds in roll_pipeline/models/embedded.py).
 # On a CPU without AVX-512 the emulation changes nothing, so there the test shows less.
 OTHER_MACHINE = {
     "OMP_NUM_THREADS": "1",
@@ -116,17 +117,33 @@ def test_same_seed_builds_identical_weights_on_another_machine(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_a_build_whose_warm_up_went_wrong_is_not_sound(built):
+    # The module's 3-step build stands for a warm-up that did not happen (a broken optimizer, a wrong loss mask):
+    # its loss stays near ln(vocabulary) and it answers nothing right.
+    problems = build_problems("tiny-qwen2", built)
+    assert [problem.split()[0] for problem in problems] == ["held-out", "final"], problems
+
+
 def test_unknown_hyperparameter_is_an_error(tmp_path):
     with pytest.raises(TypeError, match="hidden_sise"):
         build_tiny_model(tmp_path / "model", TRAIN_FILES, hidden_sise=64)
 
 
 @pytest.mark.parametrize("name", list(EMBEDDED_MODELS))
-def test_the_embedded_models_make_test_built_are_the_reference_builds(name):
-    """On a fresh machine `make test` builds every embedded model; each must be the build every figure of the README
-    and of the learning tests was measured on. A new torch or transformers may change them: then measure again and
-    update `reference_sha256` (roll_pipeline/models/embedded.py) and the README's table."""
+def test_the_embedded_models_make_test_built_are_sound_builds(name):
+    """On a fresh machine `make test` builds every embedded model. Its weights are those its build measured (the
+    file is whole), and its own figures are those of a sound build: a new torch or transformers that broke the
+    warm-up, the tokenizer or the judge's verdicts fails here. The weights themselves depend on the processor
+    (an Intel Xeon and an AMD EPYC build different models from one seed), so a build not seen before is reported,
+    not failed: `known_builds` in roll_pipeline/models/embedded.py lists those seen and where."""
     model_dir = ROOT / "examples" / "models" / name
     if not (model_dir / "config.json").exists():
         pytest.fail(f"{model_dir} is missing: run `roll model build {name}` (make test does it) before the tests")
-    assert weights_sha256(model_dir) == EMBEDDED_MODELS[name].reference_sha256
+    info = json.loads((model_dir / BUILD_INFO).read_text())
+    assert info["seed"] == 0
+    assert weights_sha256(model_dir) == info["weights_sha256"]
+    assert build_problems(name, model_dir) == []
+    if known_build(name, info["weights_sha256"]) is None:
+        warnings.warn(f"{name} built {info['weights_sha256']}, none of its known builds: the README's and the "
+                      "learning tests' figures were measured on those; add it to known_builds once they are "
+                      "measured on it", stacklevel=1)

@@ -7,6 +7,7 @@ builds that model and no other.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,33 +16,88 @@ MODELS_DIR = Path("examples/models")
 DATA_DIR = Path("examples/data")
 
 
+#: Where each known build was seen. Builds are bitwise repeatable on one kind of processor, whatever its core count,
+#: load or vector units, but not across all of them (roll_pipeline/models/tiny.py): an Intel Xeon and an AVX-512
+#: AMD EPYC (Zen 4) build different weights from the same seed and packages.
+INTEL_XEON = "Intel Xeon (2 cores, AVX-512), CI's processor until 2026-11-25"
+AMD_EPYC_ZEN4 = "AMD EPYC (2 cores, AVX-512 with avx512_bf16: Zen 4), CI's processor on 2026-11-25"
+
+
 @dataclass(frozen=True)
 class EmbeddedModel:
     name: str
-    """Folder name under examples/models/."""
     purpose: str
     train_files: tuple[str, ...]
     """Data it is warmed up on, under examples/data/."""
-    reference_sha256: str
-    """sha256 of the weights the default build (seed 0) gives with the pinned packages, on any x86-64 machine
-    with AVX2 (roll_pipeline/models/tiny.py); the README's and the tests' figures were measured on these."""
+    known_builds: tuple[tuple[str, str], ...]
+    """(sha256 of the weights, where that build was seen) for the default build (seed 0) with the pinned packages.
+    The README's and the tests' figures were measured on these; another processor may build another model."""
+    min_heldout_accuracy: float
+    """The least greedy accuracy on the build's held-out rows (build_info.json) a sound build reaches: below the
+    lowest of independent builds (seeds), so that every processor's build passes and a broken build does not."""
+    max_final_loss: float
+    """Likewise, the most warm-up loss of the last steps a sound build ends with."""
     judge: bool = False
     """Built as the tiny judge (larger vocabulary, longer warm-up, verdicts measured after the build)."""
+    min_verdict_accuracy: float = 0.0
+    """For the judge: the least share of right verdicts on judge_val.jsonl (judge_eval.json)."""
 
 
+# Quality bounds: each build's own figures (build_info.json, judge_eval.json) of seeds 0-3, measured 2026-11-25 on
+# the AMD EPYC with `roll model build NAME --seed N --models-dir DIR` (the README's table), min / max over the four:
+#   tiny-qwen2        held-out accuracy 0.08 / 0.45,   final loss 0.28 / 0.61
+#   tiny-qwen2-multi  held-out accuracy 0.027 / 0.227, final loss 0.52 / 0.76
+#   tiny-qwen2-judge  held-out accuracy 0.76 / 0.96,   final loss 0.008 / 0.100, verdicts 0.678 / 0.897 (chance 0.5)
+# Each bound sits beyond the worst of the four, with room for another processor's build; a warm-up that did not
+# happen or went wrong ends near ln(vocabulary) = 6 in loss with no answer right (the 3-step build of
+# tests/test_tiny_model.py).
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     model.name: model
     for model in (
         EmbeddedModel("tiny-qwen2", "the policy of the math and code examples",
                       ("math_train.jsonl", "code_train.jsonl"),
-                      "0df32600af5ba39a5b54ae5a6e45e8dfdbdf32cfc0506d5c0bb04452585cc6db"),
+                      (("0df32600af5ba39a5b54ae5a6e45e8dfdbdf32cfc0506d5c0bb04452585cc6db", INTEL_XEON),
+                       ("b26823bae8b4090ddf50927b9444feaaba0e6b9d35b4829081812278209da1d0", AMD_EPYC_ZEN4)),
+                      min_heldout_accuracy=0.04, max_final_loss=0.8),
         EmbeddedModel("tiny-qwen2-multi", "the policy of the three-domain examples",
                       ("math_train.jsonl", "code_train.jsonl", "open_train.jsonl"),
-                      "4f8983425b9da935b1e8c610d1328d3213dcc1e2d8c4a2e53aeb9a240dc7329c"),
+                      (("4f8983425b9da935b1e8c610d1328d3213dcc1e2d8c4a2e53aeb9a240dc7329c", INTEL_XEON),
+                       ("54c021b5cf6281ede374556553070a54acd8465b5b60f6082fe7b4ea580b7556", AMD_EPYC_ZEN4)),
+                      min_heldout_accuracy=0.01, max_final_loss=1.0),
         EmbeddedModel("tiny-qwen2-judge", "the judge of the open-answer domain", ("judge_train.jsonl",),
-                      "d12822322a8c6eea3fa9594d487280bbb1a1fa39148216d184a5b0432ece8ad3", judge=True),
+                      (("d12822322a8c6eea3fa9594d487280bbb1a1fa39148216d184a5b0432ece8ad3", INTEL_XEON),
+                       ("96a3a71ef9aba8eef7f2fe92ce6b3af03bddb754c563d50440830e34e88a8505", AMD_EPYC_ZEN4)),
+                      min_heldout_accuracy=0.5, max_final_loss=0.25, judge=True,
+                      min_verdict_accuracy=0.6),
     )
 }
+
+
+def build_problems(name: str, model_dir: Path) -> list[str]:
+    """What makes the build in `model_dir` an unsound build of `name`: its own figures (build_info.json, and the
+    judge's judge_eval.json) beyond the model's bounds; [] for a sound build."""
+    from roll_pipeline.models.tiny import BUILD_INFO
+    from roll_pipeline.models.tiny_judge import JUDGE_EVAL
+
+    model = EMBEDDED_MODELS[name]
+    info = json.loads((Path(model_dir) / BUILD_INFO).read_text())
+    problems = []
+    if info["heldout_greedy_accuracy"] < model.min_heldout_accuracy:
+        problems.append(f"held-out accuracy {info['heldout_greedy_accuracy']} < {model.min_heldout_accuracy}")
+    if info["final_loss"] > model.max_final_loss:
+        problems.append(f"final loss {info['final_loss']} > {model.max_final_loss}")
+    if model.judge:
+        verdicts = json.loads((Path(model_dir) / JUDGE_EVAL).read_text())
+        if verdicts["verdict_accuracy"] < model.min_verdict_accuracy:
+            problems.append(f"verdict accuracy {verdicts['verdict_accuracy']} < {model.min_verdict_accuracy}")
+        if verdicts["unparseable"]:
+            problems.append(f"{verdicts['unparseable']} unparseable verdicts")
+    return problems
+
+
+def known_build(name: str, weights_sha256: str) -> str | None:
+    """Where the build of `name` with these weights was seen, or None for a build not seen before."""
+    return dict(EMBEDDED_MODELS[name].known_builds).get(weights_sha256)
 
 
 def build_command(name: str) -> str:

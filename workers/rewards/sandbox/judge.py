@@ -136,12 +136,20 @@ def _run_failure(output: RunOutput) -> str:
     return MEMORY_LIMIT if output.oom_killed else RUNTIME_ERROR
 
 
+def module_failure(event: dict) -> str | None:
+    """The failure of the program's whole module an event of the harness reports, or None for other events."""
+    if event.get("ev") == "syntax_error":
+        return SYNTAX_ERROR
+    if event.get("ev") == "module_error":
+        return error_kind(event.get("error"))
+    return None
+
+
 def _module_failure(output: RunOutput) -> str | None:
     for event in output.events:
-        if event.get("ev") == "syntax_error":
-            return SYNTAX_ERROR
-        if event.get("ev") == "module_error":
-            return error_kind(event.get("error"))
+        failure = module_failure(event)
+        if failure is not None:
+            return failure
     return None
 
 

@@ -22,20 +22,12 @@ import signal
 import time
 from pathlib import Path
 
-from workers.rewards.sandbox.judge import MEMORY_LIMIT, RUNTIME_ERROR, SYNTAX_ERROR, error_kind
+from workers.rewards.sandbox.judge import MEMORY_LIMIT, RUNTIME_ERROR, module_failure
 from workers.rewards.sandbox.process import OUTPUT_LIMIT, TIMEOUT, Sandbox, job_message
 
 logger = logging.getLogger(__name__)
 
 CHECKER_SOURCE = (Path(__file__).parent / "checker.py").read_text(encoding="utf-8")
-
-
-def _module_failure(event: dict) -> str | None:
-    if event.get("ev") == "syntax_error":
-        return SYNTAX_ERROR
-    if event.get("ev") == "module_error":
-        return error_kind(event.get("error"))
-    return None
 
 
 class _Side:
@@ -100,7 +92,7 @@ class _Relay:
             self.outstanding = None
 
     def from_program(self, event: dict, line: bytes) -> None:
-        failure = _module_failure(event)
+        failure = module_failure(event)
         if failure is not None:
             self.end_program(failure)
         elif self.outstanding is not None and "id" in event and event["id"] == self.outstanding:
