@@ -27,9 +27,11 @@ from workers.rewards.sandbox.formats import (
 )
 from workers.rewards.sandbox.judge import (
     UnsupportedTest,
+    error_kind,
     judge_calls,
     judge_checked,
     judge_stdio,
+    module_failure,
     stdout_matches,
     values_match,
 )
@@ -177,6 +179,15 @@ def test_expected_values_never_go_into_the_programs_job(scorer, monkeypatch):
         (float("nan"), 1.0, False),
         (10**18 + 1, 10**18, False),
         ({1, 2}, [1, 2], False),
+        (3, 4, False),
+        (3.0, 4, False),
+        (10**400, 1.5, False),
+        ([1, 2, 3], [1, 2], False),
+        (list(range(300)), list(range(300)), True),
+        ({"a": 1, "b": 2}, {"a": 1}, False),
+        ({"a": 1}, {"a": 1, "b": 2}, False),
+        # not a JSON value: nothing matches it
+        ((1, 2), (1, 2), False),
     ],
 )
 def test_values_match(actual, expected, match):
@@ -206,6 +217,13 @@ def test_values_match(actual, expected, match):
         ("3\n4\n", "3\n", False),
         ("yes\n", "YES\n", False),
         ("", "\n", True),
+        ("3\n", "3\n\n\n", True),
+        ("3\n" * 300, "3\n" * 300, True),
+        ("1 2\n", "1 2 3\n", False),
+        ("1 2 3\n", "1 2\n", False),
+        (" ".join(["1.0"] * 300), " ".join(["1"] * 300), True),
+        # a word equal to the expected one, on a line that differs elsewhere
+        ("yes 1.0\n", "yes 1\n", True),
     ],
 )
 def test_stdout_matches(got, want, match):
@@ -270,6 +288,67 @@ def test_judge_stdio_needs_a_clean_end():
     assert judge_stdio("3\n", RunOutput(EXITED, stdout=b"3\n", exit_code=0), 1e-6) == "passed"
     assert judge_stdio("3\n", RunOutput(EXITED, stdout=b"3\n", exit_code=137), 1e-6) == "runtime_error"
     assert judge_stdio("3\n", RunOutput(TIMEOUT, stdout=b"3\n"), 1e-6) == "timeout"
+
+
+def channel(line: str) -> dict:
+    """An event as the worker reads it: parsed from the channel, so its strings are never interned literals."""
+    return json.loads(line)
+
+
+def test_failure_kinds_of_exception_names_as_they_arrive():
+    assert error_kind(channel('"MemoryError"')) == "memory_limit"
+    assert error_kind(channel('"Unreportable"')) == "wrong_answer"
+    assert error_kind("IndexError") == "runtime_error"
+    assert error_kind(None) == "runtime_error"
+    assert module_failure(channel('{"ev": "module_error", "error": "MemoryError"}')) == "memory_limit"
+    assert module_failure(channel('{"ev": "syntax_error"}')) == "syntax_error"
+    assert module_failure(channel('{"ev": "exit", "ok": true}')) is None
+
+
+def test_a_call_without_a_report_failed_as_the_run_ended():
+    suite = CallTests("f", ("[1]",), (1,))
+    killed = RunOutput(status=EXITED, events=[], exit_code=-9, oom_killed=True)
+    assert judge_calls(suite, killed, 1e-6) == ["memory_limit"]
+    assert judge_calls(suite, dataclasses.replace(killed, oom_killed=False), 1e-6) == ["runtime_error"]
+
+
+def test_reports_for_calls_that_were_not_made_are_dropped():
+    suite = CallTests("f", ("[1]", "[2]"), (1, 2))
+    # A program writing reports of its own: numbered before, at and past the end of the suite.
+    for forged in (-1, 2, 7):
+        output = calls_output({"t": 0, "v": 1}, {"t": 1, "v": 2}, {"t": forged, "v": 2})
+        assert judge_calls(suite, output, 1e-6) == ["passed", "passed"], forged
+
+
+def test_a_value_that_cannot_be_rebuilt_fails_its_call_only():
+    suite = CallTests("f", ("[1]", "[2]"), (1, 2))
+    output = calls_output({"t": 0, "v": {"__t": "weird", "v": []}}, {"t": 1, "v": 2})
+    assert judge_calls(suite, output, 1e-6) == ["wrong_answer", "passed"]
+
+
+def test_unsupported_tests_say_why():
+    with pytest.raises(UnsupportedTest, match="^cannot send a value of type function$"):
+        judge_checked(["unsupported: cannot send a value of type function"])
+    with pytest.raises(UnsupportedTest, match="^unsupported$"):
+        judge_checked(["unsupported"])
+    # An outcome the worker does not know is a runtime error, whatever it sorts next to.
+    assert judge_checked(["an unknown outcome", "zzz"]) == ["runtime_error", "runtime_error"]
+
+
+def test_judge_stdio_reads_the_exit_report():
+    def judged(*events, exit_code=0):
+        return judge_stdio("3\n", RunOutput(EXITED, stdout=b"3\n", events=list(events), exit_code=exit_code), 1e-6)
+
+    assert judged(channel('{"ev": "exit", "ok": true, "error": null}')) == "passed"
+    assert judged(channel('{"ev": "exit", "ok": false, "error": "MemoryError"}')) == "memory_limit"
+    # `ok` must be true itself, and there must be one report: two are someone else's writing
+    assert judged({"ev": "exit", "ok": 1}) == "runtime_error"
+    assert judged({"ev": "exit"}) == "runtime_error"
+    assert judged({"ev": "exit", "ok": False, "error": "MemoryError"}, {"ev": "exit", "ok": True}) == (
+        "runtime_error"
+    )
+    # no report, and killed by a signal (a negative exit code)
+    assert judged(exit_code=-9) == "runtime_error"
 
 
 # ---- the scorer, on real sandboxes ----
