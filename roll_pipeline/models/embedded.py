@@ -26,6 +26,7 @@ AMD_EPYC_ZEN4 = "AMD EPYC (2 cores, AVX-512 with avx512_bf16: Zen 4), CI's proce
 @dataclass(frozen=True)
 class EmbeddedModel:
     name: str
+    """Folder name under examples/models/."""
     purpose: str
     train_files: tuple[str, ...]
     """Data it is warmed up on, under examples/data/."""
