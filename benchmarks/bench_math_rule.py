@@ -179,7 +179,7 @@ def run_pool(cases: list[Case], processes: int) -> tuple[float, float, list[bool
         start = time.perf_counter()
         records = worker.score_batch([{"response": r, "ground_truth": t} for _, r, t, _ in cases])
         elapsed = time.perf_counter() - start
-    return startup, elapsed, [record["correct"] for record in records]
+    return startup, elapsed, [record.correct for record in records]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,7 +64,7 @@ def write_config(tmp: Path, quick: bool = False) -> Path:
 
 
 def load(path: Path, steps: int, out: Path, extra: list[str] | None = None):
-    from roll_pipeline.config import load_config
+    from roll_pipeline.driver.names import load_run_config as load_config
 
     return load_config(
         path,

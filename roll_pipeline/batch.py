@@ -39,6 +39,7 @@ META_KEYS: dict[str, str] = {
     "ground_truth": "the data row's ground truth",
     "test_cases": "the data row's test cases (code domains)",
     "correct": "whether the reward worker judged the response correct (None when masked)",
+    "mask_reason": "why the reward could not be computed (workers.rewards.scored.MASK_REASONS); None when scored",
     "finish_reason": "'stop' when the response ended with end-of-sequence, 'length' when truncated",
 }
 

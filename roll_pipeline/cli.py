@@ -7,13 +7,14 @@ import logging
 import sys
 from pathlib import Path
 
-from roll_pipeline.config import ConfigError, load_config
+from roll_pipeline.config import ConfigError
 from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error, warn
 from roll_pipeline.data.loading import DataError
+from roll_pipeline.driver.names import load_run_config
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    resolved = load_config(args.config, args.overrides)
+    resolved = load_run_config(args.config, args.overrides)
     if args.dry_run:
         from roll_pipeline.preflight import run_checks
 
@@ -85,7 +86,7 @@ def _print_summary(summary: dict) -> None:
 def cmd_config_show(args: argparse.Namespace) -> int:
     import yaml
 
-    resolved = load_config(args.config, args.overrides)
+    resolved = load_run_config(args.config, args.overrides)
     echo(yaml.safe_dump(resolved.to_dict(), sort_keys=False).rstrip())
     return 0
 

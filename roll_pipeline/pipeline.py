@@ -17,7 +17,7 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from roll_pipeline.algorithms import ADVANTAGES, KL_CONTROLLERS
+from roll_pipeline.algorithms import ADVANTAGES, KL_CONTROLLERS, needs_critic
 from roll_pipeline.algorithms.advantages import place_at_last_token, postprocess_advantages
 from roll_pipeline.algorithms.kl import kl_penalty_rewards
 from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
@@ -42,6 +42,7 @@ from roll_pipeline.tracking.system import MemoryProbe
 from roll_pipeline.validation import answer_keys, rollout_metrics, validation_metrics
 from schedulers.dynamic_sampling import start_scheduler
 from workers.base import load_rng_states, rng_states
+from workers.rewards.scored import ScoredSample
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ class RLVRPipeline:
         )
         self.critic = (
             make("critic", CriticWorker, cfg.critic, total_optimizer_steps=total_optimizer_steps(cfg, cfg.critic))
-            if cfg.adv_estimator == "gae"
+            if needs_critic(cfg.adv_estimator)
             else None
         )
         self.rewards = {domain: self._reward_cluster(domain) for domain in cfg.domain_interleave_probs}
@@ -257,7 +258,7 @@ class RLVRPipeline:
         self.tracker.set_tags({**run_tags(self.resolved, cfg.tracking.hash_inputs), "pretrain": cfg.pretrain})
         clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.rewards.values()]
         self.memory = MemoryProbe({c.name: c.workers for c in clusters if c is not None})
-        self.answer_keys = answer_keys({domain: r.worker for domain, r in cfg.rewards.items()})
+        self.answer_keys = answer_keys(cfg.rewards)
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.output_dir) / "resolved_config.json").write_text(json.dumps(self.resolved.to_dict(), indent=2))
 
@@ -484,7 +485,7 @@ class RLVRPipeline:
                 skip_special_tokens=True,
             )
             records += [
-                r | {"prompt": p, "ground_truth": g}
+                r.but(prompt=p, ground_truth=g)
                 for r, p, g in zip(self._records(batch), prompts, batch.meta["ground_truth"], strict=True)
             ]
         metrics = validation_metrics(records, self.answer_keys)
@@ -671,23 +672,23 @@ class RLVRPipeline:
             self.tracker.log_metrics(metrics, step)
 
     @staticmethod
-    def _records(batch: Batch) -> list[dict[str, Any]]:
+    def _records(batch: Batch) -> list[ScoredSample]:
+        """The batch's samples as scored. A sample is masked here only when its reward could not be computed;
+        samples that only left the loss (filler groups at the redraw bound, filtered responses) keep theirs."""
         lengths = batch["response_mask"].sum(-1).long().tolist()
-        # "masked" here means the reward could not be computed; samples that only left the loss (filler groups
-        # at the redraw bound, filtered responses) still report their rewards.
-        masked = [c is None for c in batch.meta["correct"]]
         scores = batch["scores"].tolist()
+        meta = batch.meta
         return [
-            {
-                "id": batch.meta["id"][i],
-                "domain": batch.meta["domain"][i],
-                "tag": batch.meta["tag"][i],
-                "response_text": batch.meta["response_text"][i],
-                "correct": batch.meta["correct"][i],
-                "score": scores[i],
-                "masked": masked[i],
-                "response_length": lengths[i],
-                "finish_reason": batch.meta["finish_reason"][i],
-            }
+            ScoredSample(
+                score=None if meta["mask_reason"][i] else scores[i],
+                correct=meta["correct"][i],
+                mask_reason=meta["mask_reason"][i],
+                response_length=lengths[i],
+                finish_reason=meta["finish_reason"][i],
+                domain=meta["domain"][i],
+                tag=meta["tag"][i],
+                id=meta["id"][i],
+                response_text=meta["response_text"][i],
+            )
             for i in range(len(batch))
         ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -169,16 +170,21 @@ def preflight(resolved: ResolvedConfig, dry_run: bool = False) -> list[Check]:
 
 
 def _row_checks(cfg) -> dict[str, RowCheck]:
-    """Each domain's reward scorer's row check; a domain whose scorer does not load is reported by
-    `_reward_checks` and its rows go unchecked."""
+    """Each domain's row check: the reward contract's (no column hidden by the names it passes) and its reward
+    scorer's own; a domain whose scorer does not load is reported by `_reward_checks` and only the contract's
+    check runs on its rows."""
+    from workers.rewards.base import contract_problems
     from workers.rewards.registry import get_reward_scorer_cls
+
+    def both(scorer_check: RowCheck | None) -> RowCheck:
+        return lambda row: itertools.chain(contract_problems(row), scorer_check(row) if scorer_check else ())
 
     out = {}
     for domain, reward in cfg.rewards.items():
         try:
-            out[domain] = get_reward_scorer_cls(reward.worker).check_row
+            out[domain] = both(get_reward_scorer_cls(reward.worker).check_row)
         except Exception:  # reported once, by _reward_checks
-            continue
+            out[domain] = both(None)
     return out
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.rewards.scored import ScoredSample
+
 TABLE_DIR = "validation"
 CHART_FILE = "validation/accuracy_by_tag.png"
 
@@ -31,18 +33,18 @@ def verdict(correct: bool | None) -> str:
     return "masked" if correct is None else ("correct" if correct else "wrong")
 
 
-def sample_table(records: Sequence[Mapping[str, Any]], rows_per_tag: int) -> dict[str, list]:
+def sample_table(records: Sequence[ScoredSample], rows_per_tag: int) -> dict[str, list]:
     """Columns of the first `rows_per_tag` records of every tag, tags in sorted order, records in their order
     (a prompt's k responses are next to each other)."""
-    by_tag: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_tag: dict[str, list[ScoredSample]] = defaultdict(list)
     seen: dict[tuple[str, Any], int] = defaultdict(int)
     rows = []
     for r in records:
-        index = seen[(r["domain"], r["id"])]
-        seen[(r["domain"], r["id"])] += 1
-        if len(by_tag[r["tag"]]) < rows_per_tag:
-            by_tag[r["tag"]].append(r)
-            rows.append((r["tag"], r, index))
+        index = seen[(r.domain, r.id)]
+        seen[(r.domain, r.id)] += 1
+        if len(by_tag[r.tag]) < rows_per_tag:
+            by_tag[r.tag].append(r)
+            rows.append((r.tag, r, index))
     rows.sort(key=lambda t: t[0])
     columns = [
         "tag",
@@ -61,16 +63,16 @@ def sample_table(records: Sequence[Mapping[str, Any]], rows_per_tag: int) -> dic
     for tag, r, index in rows:
         values = {
             "tag": tag,
-            "domain": r["domain"],
-            "prompt_id": str(r["id"]),
+            "domain": r.domain,
+            "prompt_id": str(r.id),
             "sample": index,
-            "prompt": r.get("prompt", ""),
-            "response": r["response_text"],
-            "ground_truth": "" if r.get("ground_truth") is None else str(r["ground_truth"]),
-            "reward": None if r["correct"] is None else float(r["score"]),
-            "verdict": verdict(r["correct"]),
-            "finish_reason": r["finish_reason"],
-            "response_length": int(r["response_length"]),
+            "prompt": r.prompt or "",
+            "response": r.response_text,
+            "ground_truth": "" if r.ground_truth is None else str(r.ground_truth),
+            "reward": None if r.masked else float(r.score),
+            "verdict": verdict(r.correct),
+            "finish_reason": r.finish_reason,
+            "response_length": int(r.response_length or 0),
         }
         for c in columns:
             table[c].append(values[c])
@@ -124,7 +126,7 @@ def accuracy_chart(history: Mapping[int, Mapping[str, float]]) -> bytes:
 def log_validation_artifacts(
     tracker: Any,
     step: int,
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[ScoredSample],
     history: Mapping[int, Mapping[str, float]],
     rows_per_tag: int,
 ) -> None:

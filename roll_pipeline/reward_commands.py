@@ -74,16 +74,6 @@ def cmd_rewards_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def score_record(record: dict[str, Any]) -> dict[str, Any]:
-    """The stable output of `roll rewards score` for one `RewardWorker.score_batch` record."""
-    return {
-        "score": record["score"],
-        "correct": record["correct"],
-        "masked": record["masked"],
-        "metrics": record["metrics"],
-    }
-
-
 def cmd_rewards_score(args: argparse.Namespace) -> int:
     from workers.rewards.pool import PoolStartError
     from workers.rewards.worker import RewardWorker
@@ -96,6 +86,9 @@ def cmd_rewards_score(args: argparse.Namespace) -> int:
         reserved = {"response", "ground_truth"}.intersection(fields)
         if reserved:
             raise UsageError(f"--field cannot set {sorted(reserved)}: use --response / --ground-truth")
+        if "prompt_messages" in fields:
+            raise UsageError("--field cannot set 'prompt_messages' (a run fills it); give a judge the question "
+                             "as --field question=TEXT")
         if args.timeout_s <= 0:
             raise UsageError(f"--timeout-s must be positive, got {args.timeout_s}")
         worker = RewardWorker("cli", args.worker, options, timeout_s=args.timeout_s, num_threads=1)
@@ -108,9 +101,9 @@ def cmd_rewards_score(args: argparse.Namespace) -> int:
     except PoolStartError as err:
         error(str(err))
         return EXIT_USAGE
-    if record["masked"]:
-        print(f"masked: {record['mask_reason']}", file=sys.stderr, flush=True)
-    echo(json.dumps(score_record(record), sort_keys=False))
+    if record.masked:
+        print(f"masked: {record.mask_reason}", file=sys.stderr, flush=True)
+    echo(json.dumps(record.to_json(), sort_keys=False))
     return 0
 
 

@@ -29,35 +29,22 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from roll_pipeline.algorithms.registry import Registry
+from workers.rewards.scored import ScoredSample
 
 AnswerKey = Callable[[str], Hashable | None]
 """Maps a response to the answer it states, in a form where equal answers compare equal; None: no answer."""
 
-ANSWER_KEYS = Registry("answer key")
-register_answer_key = ANSWER_KEYS.register
-"""`@register_answer_key("<reward worker>")`: maj@k for the domains that reward worker scores."""
 
+def answer_keys(rewards: Mapping[str, Any]) -> dict[str, AnswerKey | None]:
+    """domain -> its scorer's ``answer_key`` (the scorer built with the domain's options), for maj@k; None where
+    the scorer has none. ``rewards`` maps a domain to its ``rewards.<domain>`` block (``worker``, ``options``)."""
+    from workers.rewards.registry import get_reward_scorer_cls
 
-@register_answer_key("math_rule")
-def math_answer_key(response: str) -> Hashable | None:
-    """The answer math_rule would grade (its own `extract_answer`): plain numbers by value, so "57", "57.0"
-    and "57." are one vote; anything else (LaTeX, expressions) by its stripped text."""
-    from workers.rewards.math_rule import extract_answer, parse_number
-
-    answer = extract_answer(response or "")
-    if answer is None:
-        return None
-    number = parse_number(answer)
-    return number if number is not None else answer.strip()
-
-
-def answer_keys(workers: Mapping[str, str]) -> dict[str, AnswerKey | None]:
-    """domain -> its reward worker's answer key; None where the worker has none (then no maj@k)."""
-    names = set(ANSWER_KEYS.names())
-    return {
-        domain: ANSWER_KEYS.get(worker) if worker in names else None for domain, worker in workers.items()
-    }
+    keys: dict[str, AnswerKey | None] = {}
+    for domain, reward in rewards.items():
+        scorer_cls = get_reward_scorer_cls(reward.worker)
+        keys[domain] = scorer_cls(**dict(reward.options or {})).answer_key if scorer_cls.has_answer_key else None
+    return keys
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -102,17 +89,17 @@ def _mean(xs: list[float]) -> float:
 
 
 def _scope_metrics(
-    groups: list[list[Mapping[str, Any]]], ks: list[int], keys: list[AnswerKey | None]
+    groups: list[list[ScoredSample]], ks: list[int], keys: list[AnswerKey | None]
 ) -> dict[str, float]:
     """Metrics over the prompt groups of one scope (all, a tag or a domain); `keys` holds each group's answer
     key, and maj@k is only computed when every group has one."""
     samples = [r for g in groups for r in g]
-    scored = [r for r in samples if r["correct"] is not None]
-    out = {"mean": _mean([1.0 if r["correct"] else 0.0 for r in scored])}
+    scored = [r for r in samples if not r.masked]
+    out = {"mean": _mean([1.0 if r.correct else 0.0 for r in scored])}
     for j in ks:
         per_prompt = []
         for g in groups:
-            marks = [bool(r["correct"]) for r in g if r["correct"] is not None]
+            marks = [bool(r.correct) for r in g if not r.masked]
             if len(marks) >= j:
                 per_prompt.append(pass_at_k(len(marks), sum(marks), j))
         out[f"pass_at_{j}"] = _mean(per_prompt)
@@ -120,39 +107,38 @@ def _scope_metrics(
         out[f"maj_at_{ks[-1]}"] = _mean(
             [
                 majority_correct(
-                    [(key(r["response_text"]), bool(r["correct"])) for r in g if r["correct"] is not None]
+                    [(key(r.response_text or ""), bool(r.correct)) for r in g if not r.masked]
                 )
                 for g, key in zip(groups, keys, strict=True)
-                if any(r["correct"] is not None for r in g)
+                if any(not r.masked for r in g)
             ]
         )
-    out["response_length"] = _mean([float(r["response_length"]) for r in samples])
-    out["truncated"] = _mean([1.0 if r["finish_reason"] == "length" else 0.0 for r in samples])
+    out["response_length"] = _mean([float(r.response_length or 0) for r in samples])
+    out["truncated"] = _mean([1.0 if r.finish_reason == "length" else 0.0 for r in samples])
     out["masked"] = float(len(samples) - len(scored))
     out["prompts"] = float(len(groups))
     return out
 
 
 def validation_metrics(
-    records: Iterable[Mapping[str, Any]], answer_keys: Mapping[str, AnswerKey | None] | None = None
+    records: Iterable[ScoredSample], answer_keys: Mapping[str, AnswerKey | None] | None = None
 ) -> dict[str, float]:
     """Validation metrics overall, per tag and per domain (names in the module docstring).
 
-    Each record is one response: `domain`, `tag`, `id` (the prompt; a prompt's k responses share it),
-    `correct` (bool, or None when the sample could not be scored), `response_text`, `response_length` (tokens)
-    and `finish_reason`. `answer_keys` maps a domain to its answer key for maj@k (see `answer_keys()`); a
+    Each record is one response with its `domain`, `tag`, `id` (the prompt; a prompt's k responses share it),
+    `response_text`, `response_length` (tokens) and `finish_reason` set. `answer_keys` maps a domain to its answer key for maj@k (see `answer_keys()`); a
     domain missing from it gets no maj@k. Unscored samples are left out of every accuracy and counted as
     masked.
     """
     keys = dict(answer_keys or {})
-    groups: dict[tuple[str, Any], list[Mapping[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, Any], list[ScoredSample]] = defaultdict(list)
     for r in records:
-        groups[(r["domain"], r["id"])].append(r)
+        groups[(r.domain, r.id)].append(r)
     by_tag: dict[str, list[tuple[str, Any]]] = defaultdict(list)
     by_domain: dict[str, list[tuple[str, Any]]] = defaultdict(list)
     names: dict[str, str] = {}
     for gid, g in groups.items():
-        tag = g[0]["tag"]
+        tag = g[0].tag
         name = metric_name_part(tag)
         if name == "all":
             raise ValueError(
@@ -190,13 +176,13 @@ def validation_metrics(
     return metrics
 
 
-def rollout_metrics(domain: str, records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+def rollout_metrics(domain: str, records: Iterable[ScoredSample]) -> dict[str, float]:
     """Per-domain training-batch metrics: reward mean (`score`) and std over scored samples, accuracy
     (`correct`), the masked count, response lengths and the truncation rate. The names match the reward
     worker's own `domain_metrics`, which adds the mask reasons and the scorer's extra metrics."""
     records = list(records)
-    scored = [float(r["score"]) for r in records if not r["masked"]]
-    correct = [1.0 if r["correct"] else 0.0 for r in records if not r["masked"]]
+    scored = [float(r.score) for r in records if not r.masked]
+    correct = [1.0 if r.correct else 0.0 for r in records if not r.masked]
     mean = _mean(scored)
     std = (sum((s - mean) ** 2 for s in scored) / len(scored)) ** 0.5 if scored else float("nan")
     return {
@@ -204,8 +190,8 @@ def rollout_metrics(domain: str, records: Iterable[Mapping[str, Any]]) -> dict[s
         f"reward/{domain}/std": std,
         f"reward/{domain}/correct": _mean(correct),
         f"reward/{domain}/masked": float(len(records) - len(scored)),
-        f"response_length/{domain}/mean": _mean([float(r["response_length"]) for r in records]),
+        f"response_length/{domain}/mean": _mean([float(r.response_length or 0) for r in records]),
         f"response_length/{domain}/truncation_rate": _mean(
-            [1.0 if r["finish_reason"] == "length" else 0.0 for r in records]
+            [1.0 if r.finish_reason == "length" else 0.0 for r in records]
         ),
     }

@@ -36,9 +36,12 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import GeneratingArgs, PipelineConfig
+from roll_pipeline.data.loading import prompt_messages
 from schedulers.filters import filter_group
 from workers.actor_infer import StaleWeightsError
-from workers.rewards.worker import MASK_WORKER_LOST, domain_metrics, masked_result
+from workers.rewards.base import reward_sample
+from workers.rewards.scored import MASK_WORKER_LOST, ScoredSample
+from workers.rewards.worker import domain_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +93,6 @@ def request_seed(seed: int, domain: str, call: int, draw: int | str) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
-def question_of(row: dict[str, Any]) -> str | None:
-    """The prompt as the user wrote it: the last user message, or the plain `prompt` column (for judges)."""
-    for message in reversed(row.get("messages") or []):
-        if message.get("role") == "user":
-            return message.get("content")
-    return row.get("prompt")
-
-
 @dataclass
 class Group:
     """One prompt's generated and scored group."""
@@ -108,7 +103,7 @@ class Group:
     """The draw order within the step: the batch lists kept groups in this order."""
     output: dict[str, Any]
     texts: list[str]
-    results: list[dict[str, Any]]
+    results: list[ScoredSample]
     generate_s: float
     reward_s: float
     rejected: list[str | None] = field(default_factory=list)
@@ -143,6 +138,7 @@ class DynamicSamplingScheduler:
         self.rows, self.prompt_ids = rows, prompt_ids
         self.val_rows, self.val_prompt_ids = val_rows, val_prompt_ids
         self.sampling = cfg.dynamic_sampling
+        self.data = cfg.data
         self.max_prompts_factor = (
             reward_cfg.max_prompts_factor
             if reward_cfg.max_prompts_factor is not None
@@ -275,17 +271,10 @@ class DynamicSamplingScheduler:
         group.rejected, group.dropped_by = filter_group(self._records(group), self.response_filters, self.group_filters)
         return group
 
-    async def _score(self, rows: list[dict[str, Any]], texts: list[str]) -> list[dict[str, Any]]:
+    async def _score(self, rows: list[dict[str, Any]], texts: list[str]) -> list[ScoredSample]:
+        # The reward contract: the scorer gets every column of the row (workers.rewards.base.reward_sample).
         samples = [
-            {
-                "response": text,
-                "ground_truth": row.get("ground_truth"),
-                "test_cases": row.get("test_cases"),
-                "tag": row["tag"],
-                "id": row.get("id", row.get("_source")),
-                "question": question_of(row),
-            }
-            for row, text in zip(rows, texts, strict=True)
+            reward_sample(row, text, prompt_messages(row, self.data)) for row, text in zip(rows, texts, strict=True)
         ]
         # Identical responses to the same prompt are scored once (policies often repeat themselves, and a code
         # sample costs a sandbox run); every copy gets the same result.
@@ -329,7 +318,7 @@ class DynamicSamplingScheduler:
                 resync = True
                 await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
 
-    async def _score_unique(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _score_unique(self, samples: list[dict[str, Any]]) -> list[ScoredSample]:
         """Score on the next reward worker. Ray restarts a dead one and sends the batch again; when the workers
         stay dead (every one tried), the samples are masked as `worker_lost` and the step goes on."""
         for _ in range(len(self.reward_workers)):
@@ -342,7 +331,7 @@ class DynamicSamplingScheduler:
                     "domain %r: reward worker %d failed (%s)", self.domain, worker, str(exc).splitlines()[0][:200]
                 )
         logger.warning("domain %r: no reward worker answered; %d sample(s) masked", self.domain, len(samples))
-        return [masked_result(MASK_WORKER_LOST) for _ in samples]
+        return [ScoredSample.masked_as(MASK_WORKER_LOST) for _ in samples]
 
     def set_weights(self, version: int, weights: list[ray.ObjectRef]) -> None:
         """The policy actor_infer should hold (the version and, in a list so Ray passes the reference on, the
@@ -409,15 +398,10 @@ class DynamicSamplingScheduler:
         ]
 
     @staticmethod
-    def _records(group: Group) -> list[dict[str, Any]]:
+    def _records(group: Group) -> list[ScoredSample]:
         lengths = group.output["response_mask"].sum(-1).long().tolist()
         return [
-            {
-                "score": None if r["masked"] else r["score"],
-                "correct": r["correct"],
-                "response_length": lengths[i],
-                "finish_reason": group.output["finish_reason"][i],
-            }
+            r.but(response_length=lengths[i], finish_reason=group.output["finish_reason"][i])
             for i, r in enumerate(group.results)
         ]
 
@@ -433,14 +417,14 @@ class DynamicSamplingScheduler:
         prompt: list[int],
         output: dict[str, Any],
         texts: list[str],
-        results: list[dict[str, Any]],
+        results: list[ScoredSample],
         rejected: list[bool | None],
     ) -> Batch:
         n = len(texts)
         prompt_ids = torch.tensor([prompt] * n, dtype=torch.long)
-        scores = torch.tensor([0.0 if r["masked"] else r["score"] for r in results], dtype=torch.float32)
+        scores = torch.tensor([0.0 if r.masked else r.score for r in results], dtype=torch.float32)
         sample_mask = torch.tensor(
-            [0.0 if (r["masked"] or bool(rej)) else 1.0 for r, rej in zip(results, rejected, strict=True)],
+            [0.0 if (r.masked or bool(rej)) else 1.0 for r, rej in zip(results, rejected, strict=True)],
             dtype=torch.float32,
         )
         return Batch(
@@ -461,7 +445,8 @@ class DynamicSamplingScheduler:
                 "test_cases": [row.get("test_cases")] * n,
                 "finish_reason": list(output["finish_reason"]),
                 "response_text": list(texts),
-                "correct": [None if r["masked"] else bool(r["correct"]) for r in results],
+                "correct": [r.correct for r in results],
+                "mask_reason": [r.mask_reason for r in results],
             },
         )
 
@@ -494,7 +479,7 @@ class DynamicSamplingScheduler:
         }
         for name in [*self.group_filters, "response_filters"]:
             metrics[f"{p}/dropped_{name}"] = float(sum(1 for g in dropped if g.dropped_by == name))
-        scores = [r["score"] for g in scored for r in g.results if not r["masked"]]
+        scores = [r.score for g in scored for r in g.results if not r.masked]
         if scores:
             metrics[f"{p}/reward_mean"] = sum(scores) / len(scores)
         return metrics | domain_metrics(self.domain, [r for g in scored for r in g.results])

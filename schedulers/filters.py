@@ -5,8 +5,8 @@ A *group filter* sees one prompt's group of scored responses and says whether th
 whether it stays in the loss; a response it rejects is kept in the batch with ``sample_mask`` 0, so every group
 keeps its size, and the group filters then see only the responses that stayed.
 
-Each record is a dict with ``score`` (None when the reward worker masked the sample), ``correct``,
-``response_length`` and ``finish_reason`` (``stop`` or ``length``).
+Each record is a ``workers.rewards.scored.ScoredSample`` with ``response_length`` and ``finish_reason`` (``stop``
+or ``length``) set; its ``score`` is None when the reward worker masked it.
 
 Configured under ``rewards.<domain>``::
 
@@ -20,18 +20,16 @@ import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from roll_pipeline.algorithms.registry import Registry
-
-GROUP_FILTERS = Registry("group filter")
-RESPONSE_FILTERS = Registry("response filter")
+from roll_pipeline.registry import GROUP_FILTERS, RESPONSE_FILTERS, Registry
+from workers.rewards.scored import ScoredSample
 
 
-def _scores(group: list[dict[str, Any]]) -> list[float]:
-    return [r["score"] for r in group if r["score"] is not None]
+def _scores(group: list[ScoredSample]) -> list[float]:
+    return [r.score for r in group if r.score is not None]
 
 
 @GROUP_FILTERS.register("std_filter")
-def std_filter(group: list[dict[str, Any]], *, min_std: float = 0.0) -> bool:
+def std_filter(group: list[ScoredSample], *, min_std: float = 0.0) -> bool:
     """DAPO's dynamic sampling rule (Yu et al. 2025, arXiv:2503.14476): drop a group whose rewards are all equal
     (population std <= `min_std`), since every response then gets a zero group-relative advantage. A group with
     fewer than two scored responses is dropped too: it has no spread to learn from."""
@@ -44,7 +42,7 @@ def std_filter(group: list[dict[str, Any]], *, min_std: float = 0.0) -> bool:
 
 
 @GROUP_FILTERS.register("mean_filter")
-def mean_filter(group: list[dict[str, Any]], *, low: float = 0.0, high: float = 1.0) -> bool:
+def mean_filter(group: list[ScoredSample], *, low: float = 0.0, high: float = 1.0) -> bool:
     """Keep a group whose mean reward lies in [low, high] (difficulty filtering: drop prompts that are too easy
     or too hard). A group with no scored response is dropped."""
     scores = _scores(group)
@@ -55,10 +53,10 @@ def mean_filter(group: list[dict[str, Any]], *, low: float = 0.0, high: float = 
 
 
 @RESPONSE_FILTERS.register("truncated")
-def truncated(response: dict[str, Any]) -> bool:
+def truncated(response: ScoredSample) -> bool:
     """Drop a response cut off by max_new_tokens (finish reason `length`) from the loss: DAPO's overlong
     filtering, so an unfinished answer is neither rewarded nor punished."""
-    return response["finish_reason"] != "length"
+    return response.finish_reason != "length"
 
 
 def check_filters(registry: Registry, specs: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, str]]:
@@ -78,7 +76,7 @@ def check_filters(registry: Registry, specs: Mapping[str, Mapping[str, Any]]) ->
 
 
 def apply_response_filters(
-    records: list[dict[str, Any]], specs: Mapping[str, Mapping[str, Any]]
+    records: list[ScoredSample], specs: Mapping[str, Mapping[str, Any]]
 ) -> list[str | None]:
     """For each record, the name of the first response filter that rejected it, or None if all kept it."""
     out: list[str | None] = []
@@ -92,7 +90,7 @@ def apply_response_filters(
     return out
 
 
-def apply_group_filters(group: list[dict[str, Any]], specs: Mapping[str, Mapping[str, Any]]) -> str | None:
+def apply_group_filters(group: list[ScoredSample], specs: Mapping[str, Mapping[str, Any]]) -> str | None:
     """The name of the first group filter (in config order) that drops `group`, or None if the group is kept."""
     for name, params in specs.items():
         if not GROUP_FILTERS.get(name)(group, **params):
@@ -101,7 +99,7 @@ def apply_group_filters(group: list[dict[str, Any]], specs: Mapping[str, Mapping
 
 
 def filter_group(
-    records: list[dict[str, Any]],
+    records: list[ScoredSample],
     response_specs: Mapping[str, Mapping[str, Any]],
     group_specs: Mapping[str, Mapping[str, Any]],
 ) -> tuple[list[str | None], str | None]:

@@ -206,10 +206,10 @@ def assert_judges_own_verdicts(records: list[dict], rows: list[dict], model_dir:
 
     assert len(rows) == 48
     own = judge_verdicts(model_dir, rows)
-    served = [1.0 if r["correct"] else 0.0 for r in records]
+    served = [1.0 if r.correct else 0.0 for r in records]
     same = sum(a == b for a, b in zip(served, own, strict=True))
     assert same >= SERVED_AS_OWN_OF_48, f"{same}/{len(rows)} served verdicts are the judge's own"
-    agree = [r["correct"] == (row["verdict"] == "YES") for r, row in zip(records, rows, strict=True)]
+    agree = [r.correct == (row["verdict"] == "YES") for r, row in zip(records, rows, strict=True)]
     least = EMBEDDED_MODELS[model_dir.name].min_verdict_accuracy
     assert sum(agree) / len(agree) >= least, f"{sum(agree)}/{len(agree)} verdicts as expected"
-    assert {r["correct"] for r in records} == {True, False}
+    assert {r.correct for r in records} == {True, False}

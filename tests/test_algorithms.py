@@ -26,8 +26,8 @@ from roll_pipeline.algorithms.advantages import (
     postprocess_advantages,
 )
 from roll_pipeline.algorithms.kl import kl_penalty_rewards
-from roll_pipeline.algorithms.registry import Registry
 from roll_pipeline.algorithms.value import clipped_value_loss
+from roll_pipeline.registry import Registry
 
 grpo = ADVANTAGES.get("grpo")
 gae = ADVANTAGES.get("gae")

@@ -137,7 +137,7 @@ def test_generic_worker_masks_instead_of_scoring_zero():
         "code", "code_sandbox", {"backend": "remote", "remote_url": url, "remote_retries": 0}, timeout_s=10
     )
     [record] = worker.score_batch([{"response": SQUARE, "ground_truth": "", "test_cases": CALLS}])
-    assert record["masked"] is True and record["score"] is None
+    assert record.masked is True and record.score is None
 
 
 def test_request_timeouts_are_retried_then_give_up(stub, local):

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from roll_pipeline.config import ConfigError, domain_shares, interpolate, load_config, parse_override
+from roll_pipeline.driver.names import load_run_config
 
 BASE = {
     "pretrain": "./model",
@@ -31,7 +32,8 @@ def write(tmp_path: Path, cfg: dict) -> Path:
 
 
 def load(tmp_path: Path, cfg: dict, overrides: list[str] | None = None):
-    return load_config(write(tmp_path, cfg), overrides)
+    """The config as a run loads it: the core loader and the driver's name checks."""
+    return load_run_config(write(tmp_path, cfg), overrides)
 
 
 def error_of(tmp_path: Path, cfg: dict, overrides: list[str] | None = None) -> str:
@@ -180,6 +182,20 @@ def test_gae_needs_a_critic(tmp_path):
     assert "critic: adv_estimator gae needs a critic section" in error_of(
         tmp_path, BASE, ["adv_estimator=gae"]
     )
+    assert "critic_warmup: needs a critic (an estimator that uses one, e.g. gae), got adv_estimator 'grpo'" in (
+        error_of(tmp_path, BASE, ["adv_estimator=grpo", "critic_warmup=2"])
+    )
+
+
+def test_the_core_loader_checks_no_registered_names_and_the_driver_does(tmp_path):
+    """The core config imports no module that registers algorithms or filters, so it cannot know their names;
+    the driver's load folds the name findings into the same error."""
+    overrides = ["adv_estimator=grpoo", "rewards.math.group_filters={std_filtr: {}}"]
+    path = write(tmp_path, BASE)
+    assert load_config(path, overrides).config.adv_estimator == "grpoo"
+    message = error_of(tmp_path, BASE, overrides)
+    assert "adv_estimator: must be one of ['dr_grpo', 'gae', 'grpo'," in message
+    assert "rewards.math.group_filters.std_filtr: unknown group filter 'std_filtr'" in message
 
 
 def test_references_keep_types_and_embed_in_strings():

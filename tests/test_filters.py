@@ -15,10 +15,21 @@ from schedulers.filters import (
     std_filter,
     truncated,
 )
+from workers.rewards.scored import MASK_ERROR, ScoredSample
 
 
 def group(*scores, finish="stop"):
-    return [{"score": s, "correct": s == 1.0, "response_length": 3, "finish_reason": finish} for s in scores]
+    """Scored samples (None: masked) of 3 tokens each."""
+    return [
+        ScoredSample.masked_as(MASK_ERROR, response_length=3, finish_reason=finish)
+        if s is None
+        else ScoredSample(score=s, correct=s == 1.0, response_length=3, finish_reason=finish)
+        for s in scores
+    ]
+
+
+def response(finish):
+    return ScoredSample(score=1.0, correct=True, response_length=3, finish_reason=finish)
 
 
 def test_std_filter_drops_groups_whose_rewards_are_all_equal():
@@ -48,8 +59,8 @@ def test_mean_filter_keeps_groups_inside_the_interval_inclusive():
 
 
 def test_truncated_response_filter():
-    assert truncated({"finish_reason": "stop"}) is True
-    assert truncated({"finish_reason": "length"}) is False
+    assert truncated(response("stop")) is True
+    assert truncated(response("length")) is False
 
 
 def test_apply_group_filters_reports_the_first_filter_that_drops():
@@ -112,8 +123,8 @@ def test_mean_filter_defaults_keep_every_mean_in_zero_to_one_and_nothing_outside
 
 def test_truncated_drops_only_length_whatever_the_string_object():
     # finish reasons arrive deserialised from other processes: equal strings, not the same object
-    assert truncated({"finish_reason": "".join(["len", "gth"])}) is False
-    assert truncated({"finish_reason": "abort"}) is True  # vLLM's third reason: not a truncation
+    assert truncated(response("".join(["len", "gth"]))) is False
+    assert truncated(response("abort")) is True  # vLLM's third reason: not a truncation
 
 
 def test_check_filters_reports_every_bad_spec_and_accepts_every_real_parameter():
@@ -127,7 +138,7 @@ def test_check_filters_reports_every_bad_spec_and_accepts_every_real_parameter()
 
 
 def test_apply_response_filters_names_the_first_of_several_rejecting_filters(monkeypatch):
-    monkeypatch.setitem(RESPONSE_FILTERS._items, "short", lambda r: r["response_length"] > 5)
+    monkeypatch.setitem(RESPONSE_FILTERS._items, "short", lambda r: r.response_length > 5)
     records = group(1.0, finish="length")  # response_length 3: both filters reject it
     assert apply_response_filters(records, {"truncated": {}, "short": {}}) == ["truncated"]
     assert apply_response_filters(records, {"short": {}, "truncated": {}}) == ["short"]

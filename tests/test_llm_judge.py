@@ -24,16 +24,15 @@ from tests.judge_servers import (
     StubJudge,
     assert_judges_own_verdicts,
 )
+from workers.rewards.judge.errors import JudgeRejected, JudgeUnreachable, JudgeVerdictUnparseable
 from workers.rewards.judge.limits import ConcurrencySlots, RateLimiter, gcra
 from workers.rewards.llm_judge import (
     DEFAULT_TEMPLATE,
     MISSING_QUESTION,
-    JudgeRejected,
-    JudgeUnreachable,
-    JudgeVerdictUnparseable,
     LLMJudgeScorer,
     check_template,
     parse_verdict,
+    question_of,
     render_prompt,
 )
 from workers.rewards.retry import RetryPolicy, is_retried_status
@@ -195,6 +194,21 @@ def test_registered_as_llm_judge():
 
 
 # --- scoring against a stub judge ---------------------------------------------------------------------------
+
+
+def test_the_question_is_the_prompts_last_user_message():
+    """In a run the sample carries the prompt the policy saw; `roll rewards score` gives a `question` field."""
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the opposite of hot?"},
+        {"role": "assistant", "content": "cold"},
+        {"role": "user", "content": "And of wet?"},
+    ]
+    assert question_of({"prompt_messages": messages, "question": "ignored"}) == "And of wet?"
+    assert question_of({"prompt_messages": messages[:1], "question": "asked"}) == "asked"
+    assert question_of({"question": "asked"}) == "asked"
+    assert question_of({"question": "  "}) is None
+    assert question_of({"prompt_messages": None}) is None
 
 
 def test_yes_and_no_become_rewards_and_the_request_carries_the_sample():
@@ -442,8 +456,8 @@ def test_worker_masks_and_counts_garbage_and_unreachable_and_scores_the_rest(cap
         with RewardWorker("open", "llm_judge", options, timeout_s=20, num_threads=2) as worker:
             records = worker.score_batch(samples)
             stats = worker.stats()
-    assert [r["score"] for r in records] == [1.0, 0.0, None, None]
-    assert [r["mask_reason"] for r in records] == [None, None, "error", "error"]
+    assert [r.score for r in records] == [1.0, 0.0, None, None]
+    assert [r.mask_reason for r in records] == [None, None, "error", "error"]
     assert stats["scored"] == 2 and stats["masked_error"] == 2
     metrics = worker.domain_metrics(records)
     assert metrics["reward/open/masked"] == 2.0 and metrics["reward/open/correct"] == 0.5
@@ -464,7 +478,7 @@ def test_worker_timeout_masks_a_judge_slower_than_the_sample_limit():
         finally:
             held.release.set()
     assert stub.requests == 1
-    assert records[0]["masked"] and records[0]["mask_reason"] == "timeout"
+    assert records[0].masked and records[0].mask_reason == "timeout"
 
 
 @pytest.mark.slow
@@ -486,7 +500,7 @@ def test_concurrency_and_rate_limits_hold_across_scoring_processes():
         options = {"base_url": stub.url, "model": "stub", "max_concurrency": 2}
         with RewardWorker("open", "llm_judge", options, timeout_s=60, num_threads=4) as worker:
             records = worker.score_batch(_samples(10))
-    assert all(r["correct"] for r in records)
+    assert all(r.correct for r in records)
     assert stub.requests == 10
     assert stub.max_in_flight == 2
 
@@ -495,7 +509,7 @@ def test_concurrency_and_rate_limits_hold_across_scoring_processes():
         with RewardWorker("open", "llm_judge", options, timeout_s=5, num_threads=3) as worker:
             records = worker.score_batch(_samples(3))
     assert stub.requests == 1
-    assert sorted(str(r["mask_reason"]) for r in records) == ["None", "timeout", "timeout"]
+    assert sorted(str(r.mask_reason) for r in records) == ["None", "timeout", "timeout"]
 
 
 # --- against the tiny judge served by `roll serve` ----------------------------------------------------------
@@ -531,9 +545,9 @@ def test_tiny_judge_rewards_for_known_verdicts(tiny_judge_server):
     }
     with RewardWorker("open", "llm_judge", options, timeout_s=30, num_threads=2) as worker:
         records = worker.score_batch(samples)
-    assert not any(r["masked"] for r in records), records
+    assert not any(r.masked for r in records), records
     for record in records:
-        assert record["score"] == (1.0 if record["correct"] else 0.0)
+        assert record.score == (1.0 if record.correct else 0.0)
     assert_judges_own_verdicts(records, rows)
 
 
@@ -562,20 +576,20 @@ def test_judge_killed_mid_step_masks_the_rest_and_scoring_goes_on(tiny_model):
             server.kill()
             step.join(60)
             records = result["records"]
-            scored = [r for r in records if not r["masked"]]
-            masked = [r for r in records if r["masked"]]
+            scored = [r for r in records if not r.masked]
+            masked = [r for r in records if r.masked]
             assert len(scored) >= 6, "samples judged before the kill keep their rewards"
-            assert masked and all(r["mask_reason"] == "error" for r in masked)
+            assert masked and all(r.mask_reason == "error" for r in masked)
             assert worker.domain_metrics(records)["reward/open/masked_error"] == len(masked)
 
             # the next step: the judge is still down, so every sample is masked, and nothing raises
             down = worker.score_batch(samples[:4])
-            assert all(r["masked"] for r in down)
+            assert all(r.masked for r in down)
 
             # the judge comes back on the same port: the step after that is scored again
             server = ServeProcess(JUDGE_MODEL, "tiny-judge", port=server.port).start()
             back = worker.score_batch(samples[:4])
-            assert not any(r["masked"] for r in back)
+            assert not any(r.masked for r in back)
             assert worker.stats()["masked_error"] == len(masked) + 4
     finally:
         server.stop()

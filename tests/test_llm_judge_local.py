@@ -15,8 +15,9 @@ from roll_pipeline.data.synthetic import TINY_JUDGE_TEMPLATE
 from roll_pipeline.pipeline import start_local_ray
 from tests.conftest import EXAMPLES
 from tests.judge_servers import assert_judges_own_verdicts
+from workers.rewards.judge.errors import JudgeUnreachable
 from workers.rewards.judge.local import LocalChatClient, LocalJudgeSpec, relay_address
-from workers.rewards.llm_judge import JudgeUnreachable, LLMJudgeScorer
+from workers.rewards.llm_judge import LLMJudgeScorer
 from workers.rewards.retry import RetryPolicy
 from workers.rewards.worker import RewardWorker
 
@@ -157,10 +158,10 @@ def judge_worker(local_ray, judge_model):
 def test_actor_judge_rewards_for_known_verdicts(judge_worker):
     rows, samples = _known_verdicts(48)
     records = ray.get(judge_worker.score_batch.remote(samples), timeout=300)
-    assert not any(r["masked"] for r in records), records
+    assert not any(r.masked for r in records), records
     for record in records:
-        assert record["score"] == (1.0 if record["correct"] else 0.0)
-        assert record["metrics"]["judge_attempts"] == 1.0
+        assert record.score == (1.0 if record.correct else 0.0)
+        assert record.metrics["judge_attempts"] == 1.0
     assert_judges_own_verdicts(records, rows)
 
 
@@ -171,7 +172,7 @@ def test_concurrent_samples_are_batched_by_the_judges_engine(judge_worker):
     _, samples = _known_verdicts(32)
     records = ray.get(judge_worker.score_batch.remote(samples), timeout=300)
     after = ray.get(judge.stats.remote())
-    assert not any(r["masked"] for r in records)
+    assert not any(r.masked for r in records)
     assert after["completed"] - before["completed"] == 32
     batches = after["batches"] - before["batches"]
     # 8 scoring processes call at once: their requests share generate calls rather than taking one each
@@ -223,21 +224,21 @@ def test_a_killed_judge_actor_masks_and_counts_samples_and_scoring_goes_on(local
     )
     with RewardWorker("open", "llm_judge", options, timeout_s=90, num_threads=2) as worker:
         judge = ray.get_actor("kill-judge")
-        assert not any(r["masked"] for r in worker.score_batch(samples[:2]))
+        assert not any(r.masked for r in worker.score_batch(samples[:2]))
 
         records = _kill_mid_batch(worker, judge, samples, after=8, no_restart=False)
-        masked = [r for r in records if r["masked"]]
-        assert sum(not r["masked"] for r in records) >= 6, "samples judged before the kill keep their rewards"
-        assert masked and all(r["mask_reason"] == "error" and r["score"] is None for r in masked)
+        masked = [r for r in records if r.masked]
+        assert sum(not r.masked for r in records) >= 6, "samples judged before the kill keep their rewards"
+        assert masked and all(r.mask_reason == "error" and r.score is None for r in masked)
         assert worker.domain_metrics(records)["reward/open/masked_error"] == len(masked)
         # Ray restarts the judge (max_restarts): once it is back, the next batch is judged again
         assert ray.get(judge.ready.remote(), timeout=300)
-        assert not any(r["masked"] for r in worker.score_batch(samples[:4]))
+        assert not any(r.masked for r in worker.score_batch(samples[:4]))
 
         records = _kill_mid_batch(worker, judge, samples, after=4, no_restart=True)
-        killed = [r for r in records if r["masked"]]
-        assert killed and all(r["mask_reason"] == "error" and r["score"] is None for r in killed)
+        killed = [r for r in records if r.masked]
+        assert killed and all(r.mask_reason == "error" and r.score is None for r in killed)
         down = worker.score_batch(samples[:4])
         # masked as errors, not cut at the 90 s sample timeout: a dead judge is not waited for
-        assert all(r["masked"] and r["mask_reason"] == "error" for r in down)
+        assert all(r.masked and r.mask_reason == "error" for r in down)
         assert worker.stats()["masked_error"] == len(masked) + len(killed) + 4

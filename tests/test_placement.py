@@ -10,13 +10,13 @@ import pytest
 import ray
 
 from roll_pipeline.config import ConfigError, load_config
+from roll_pipeline.config.devices import parse_device_mapping
 from roll_pipeline.distributed.placement import (
     ClusterDemand,
     DevicePool,
     PlanError,
     check_capacity,
     describe,
-    parse_device_mapping,
     plan_devices,
     plan_for,
 )

@@ -63,9 +63,10 @@ def test_the_plugin_scores_through_the_worker_by_its_entry_point_name(plugin_ins
                 {"response": "Paris", "ground_truth": ""},
             ]
         )
-    assert [r["score"] for r in results] == [1.0, 1.0, 0.0, None]
-    assert results[0]["metrics"] == {"answer_chars": 5.0}
-    assert results[3]["mask_reason"] == "not_applicable"
+    assert [r.score for r in results] == [1.0, 1.0, 0.0, None]
+    assert results[0].metrics == {"answer_chars": 5.0, "aliases": 0.0}
+    assert results[1].metrics == {"answer_chars": 7.0, "aliases": 2.0}
+    assert results[3].mask_reason == "not_applicable"
     with pytest.raises(TypeError, match="case_sensitiv"):
         RewardWorker("capitals", "exact_match_example", {"case_sensitiv": True})
 
@@ -85,7 +86,7 @@ def test_the_plugin_from_the_roll_command(plugin_installed, clean_registry, caps
         "score": 1.0,
         "correct": True,
         "masked": False,
-        "metrics": {"answer_chars": 4.0},
+        "metrics": {"answer_chars": 4.0, "aliases": 0.0},
     }
 
 
@@ -151,10 +152,10 @@ def test_readme_example_scores_through_the_worker_as_its_config_says(readme_modu
                 {"response": "anything", "ground_truth": " , "},
             ]
         )
-    assert [r["score"] for r in results] == [1.0, 0.5, 0.0, None]
-    assert [r["correct"] for r in results] == [True, False, False, None]
-    assert results[1]["metrics"] == {"keywords_found": 0.5}
-    assert results[3]["mask_reason"] == "not_applicable"
+    assert [r.score for r in results] == [1.0, 0.5, 0.0, None]
+    assert [r.correct for r in results] == [True, False, False, None]
+    assert results[1].metrics == {"keywords_found": 0.5}
+    assert results[3].mask_reason == "not_applicable"
 
 
 def test_readme_entry_point_snippet_names_the_same_class(readme_module):

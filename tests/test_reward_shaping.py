@@ -26,6 +26,7 @@ from roll_pipeline.config.schema import (
     RewardShapingConfig,
 )
 from schedulers.filters import mean_filter
+from workers.rewards.scored import ScoredSample
 
 
 def test_registry_has_the_three_normalisations():
@@ -127,7 +128,10 @@ def test_difficulty_mask_agrees_with_the_schedulers_mean_filter():
     valid[:4] = 0  # a group with no scored response
     keep = difficulty_mask(scores, groups, valid, low=0.25, high=0.75)
     for g in range(10):
-        records = [{"score": float(scores[i]) if valid[i] else None} for i in range(4 * g, 4 * g + 4)]
+        records = [
+            ScoredSample(score=float(scores[i]), correct=bool(scores[i])) if valid[i] else ScoredSample.masked_as("error")
+            for i in range(4 * g, 4 * g + 4)
+        ]
         expected = mean_filter(records, low=0.25, high=0.75)
         assert keep[4 * g : 4 * g + 4].tolist() == [float(expected)] * 4, g
 

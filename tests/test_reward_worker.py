@@ -20,6 +20,7 @@ from workers.rewards.code_sandbox import CodeSandboxScorer
 from workers.rewards.math_rule import MathRuleScorer
 from workers.rewards.pool import PoolStartError
 from workers.rewards.registry import available_reward_workers, get_reward_scorer_cls, register_reward_worker
+from workers.rewards.scored import ScoredSample
 from workers.rewards.worker import RewardWorker, domain_metrics
 
 
@@ -94,7 +95,7 @@ def sample(response: str = "a", ground_truth: str = "a", **fields: object) -> di
 
 
 def pids(results: list[dict]) -> set[int]:
-    return {int(r["metrics"]["pid"]) for r in results if not r["masked"]}
+    return {int(r.metrics["pid"]) for r in results if not r.masked}
 
 
 @pytest.fixture
@@ -126,10 +127,10 @@ def clean_registry(monkeypatch):
 def test_score_batch_keeps_order_and_passes_fields_and_options(make_worker):
     worker = make_worker("echo", ECHO, {"bonus": 0.5})
     results = worker.score_batch([sample("a", "a"), sample("b", "a"), sample("abc", "abc", tag="t", id=3)])
-    assert [r["score"] for r in results] == [1.5, 0.5, 1.5]
-    assert [r["correct"] for r in results] == [True, False, True]
-    assert [r["masked"] for r in results] == [False, False, False]
-    assert [r["metrics"]["length"] for r in results] == [1, 1, 3]
+    assert [r.score for r in results] == [1.5, 0.5, 1.5]
+    assert [r.correct for r in results] == [True, False, True]
+    assert [r.masked for r in results] == [False, False, False]
+    assert [r.metrics["length"] for r in results] == [1, 1, 3]
     assert worker.score_batch([]) == []
 
 
@@ -154,21 +155,16 @@ def test_scores_in_other_processes_than_the_callers(make_worker):
 def test_none_and_failures_are_masked_not_zero(make_worker, fields, reason):
     worker = make_worker("echo", ECHO, {}, num_threads=1)
     results = worker.score_batch([sample(), sample(**fields), sample("b", "a")])
-    assert results[0]["score"] == 1.0 and results[2]["score"] == 0.0
-    assert results[1] == {
-        "score": None,
-        "correct": None,
-        "masked": True,
-        "mask_reason": reason,
-        "metrics": {},
-    }
+    assert results[0].score == 1.0 and results[2].score == 0.0
+    assert results[1] == ScoredSample(score=None, correct=None, mask_reason=reason)
+    assert results[1].masked
 
 
 def test_a_crashed_process_is_replaced_and_the_pool_goes_on(make_worker):
     worker = make_worker("echo", ECHO, {}, num_threads=1)
     before = pids(worker.score_batch([sample()]))
     results = worker.score_batch([sample(mode="exit"), sample(), sample(mode="segfault"), sample()])
-    assert [r["mask_reason"] for r in results] == ["crash", None, "crash", None]
+    assert [r.mask_reason for r in results] == ["crash", None, "crash", None]
     after = pids(worker.score_batch([sample()]))
     assert before.isdisjoint(after)
     assert worker.stats() | {"restarts": 0} == {
@@ -189,8 +185,8 @@ def test_timeout_kills_the_process_masks_the_sample_and_the_rest_goes_on(make_wo
     first = pids(worker.score_batch([sample()]))
     results = worker.score_batch([sample(mode="sleep", sleep_s=60.0, done_file=str(tmp_path / "slept")), sample("a", "a"), sample("b", "a")])
     assert not (tmp_path / "slept").exists(), "the batch waited for the hung sample"
-    assert results[0]["masked"] and results[0]["mask_reason"] == "timeout"
-    assert [r["score"] for r in results[1:]] == [1.0, 0.0]
+    assert results[0].masked and results[0].mask_reason == "timeout"
+    assert [r.score for r in results[1:]] == [1.0, 0.0]
     assert first.isdisjoint(pids(results[1:])), "the hung process must have been replaced, not waited for"
     assert not any(pid in first for pid in worker._pool.pids())
     assert worker.stats()["timeouts"] == 1 and worker.stats()["masked_timeout"] == 1
@@ -202,7 +198,7 @@ def test_timeout_is_per_sample_running_time_not_queue_time(make_worker):
     worker = make_worker("echo", ECHO, {}, timeout_s=0.8, num_threads=2)
     worker.score_batch([sample()])  # the processes are up
     results = worker.score_batch([sample(mode="sleep", sleep_s=0.3) for _ in range(8)])
-    assert not any(r["masked"] for r in results)
+    assert not any(r.masked for r in results)
 
 
 def test_scores_concurrently_up_to_num_threads(make_worker, tmp_path):
@@ -210,8 +206,8 @@ def test_scores_concurrently_up_to_num_threads(make_worker, tmp_path):
     and never four run at once. Events, not durations: a slow machine only makes them wait longer."""
     worker = make_worker("echo", ECHO, {}, num_threads=3)
     results = worker.score_batch([sample(mode="rendezvous", folder=str(tmp_path), need=3) for _ in range(6)])
-    assert [r["metrics"].get("met") for r in results] == [1.0] * 6, ("three samples never ran at once", results)
-    assert max(r["metrics"]["most"] for r in results) == 3, "more than num_threads samples ran at once"
+    assert [r.metrics.get("met") for r in results] == [1.0] * 6, ("three samples never ran at once", results)
+    assert max(r.metrics["most"] for r in results) == 3, "more than num_threads samples ran at once"
     assert len(pids(results)) == 3
 
 
@@ -239,7 +235,7 @@ def test_an_interrupted_batch_leaves_no_stale_work_behind(make_worker, tmp_path)
         if previous is not None:  # None: a handler not installed from Python, nothing to put back
             signal.signal(signal.SIGINT, previous)
     results = worker.score_batch([sample("b", "a")])
-    assert [r["score"] for r in results] == [0.0]
+    assert [r.score for r in results] == [0.0]
     assert not slept.exists(), "the batch waited for the interrupted sample"
 
 
@@ -253,11 +249,11 @@ def test_pathological_math_is_cut_at_the_timeout_and_the_worker_keeps_serving(ma
             sample("\\boxed{\\frac{1}{2}}", "0.5"),
         ]
     )
-    assert [r["mask_reason"] for r in results] == ["timeout", "timeout", None]
-    assert results[2]["score"] == 1.0
+    assert [r.mask_reason for r in results] == ["timeout", "timeout", None]
+    assert results[2].score == 1.0
     assert domain_metrics("math", results)["reward/math/timed_out"] == pytest.approx(2 / 3)
     again = worker.score_batch([sample("x = 3", "3"), sample("\\boxed{3.0}", "3"), sample("no idea", "3")])
-    assert [r["score"] for r in again] == [1.0, 1.0, 0.0]
+    assert [r.score for r in again] == [1.0, 1.0, 0.0]
 
 
 _KILLED_MID_SAMPLE = """
@@ -387,7 +383,7 @@ def test_domain_metrics(make_worker):
 
 
 def test_domain_metrics_with_everything_masked_has_no_means():
-    masked = {"score": None, "correct": None, "masked": True, "mask_reason": "timeout", "metrics": {}}
+    masked = ScoredSample.masked_as("timeout")
     metrics = domain_metrics("math", [masked, masked])
     assert metrics["reward/math/masked"] == 2.0 and metrics["reward/math/timed_out"] == 1.0
     assert "reward/math/score" not in metrics and "reward/math/correct" not in metrics
@@ -399,13 +395,13 @@ def test_math_and_code_through_the_worker(make_worker):
     results = math.score_batch(
         [sample("The answer is 4.", "4"), sample("\\boxed{5}", "4"), sample("\\boxed{4}", "4")]
     )
-    assert [r["score"] for r in results] == [1.0, 0.5, 1.5]
-    assert [r["metrics"]["format_ok"] for r in results] == [0.0, 1.0, 1.0]
+    assert [r.score for r in results] == [1.0, 0.5, 1.5]
+    assert [r.metrics["format_ok"] for r in results] == [0.0, 1.0, 1.0]
     code = make_worker("code", "code_sandbox", {"timeout_s": 2.0})
     tests = '{"asserts": ["assert f(2) == 4"]}'
     results = code.score_batch([sample("def f(x):\n    return 2 * x", "", test_cases=tests), sample("x", "")])
-    assert results[0]["score"] == 1.0
-    assert results[1]["mask_reason"] == "not_applicable"
+    assert results[0].score == 1.0
+    assert results[1].mask_reason == "not_applicable"
 
 
 # --- registry -------------------------------------------------------------------------------------------------
@@ -495,10 +491,23 @@ def test_worker_as_a_ray_actor():
             ),
             timeout=120,
         )
-        assert [r["score"] for r in results] == [1.0, 1.0, 0.0, None]
-        assert results[3]["mask_reason"] == "timeout"
+        assert [r.score for r in results] == [1.0, 1.0, 0.0, None]
+        assert results[3].mask_reason == "timeout"
         metrics = ray.get(actor.domain_metrics.remote(results), timeout=60)
         assert metrics["reward/math/correct"] == pytest.approx(2 / 3)
         assert ray.get(actor.stats.remote(), timeout=60)["timeouts"] == 1
     finally:
         ray.shutdown()
+
+
+def test_masking_is_encoded_once():
+    """A masked sample has a reason and neither score nor verdict; a scored one has both; nothing in between."""
+    assert ScoredSample.masked_as("crash").masked and not ScoredSample(score=0.0, correct=False).masked
+    with pytest.raises(ValueError, match="neither a score nor a verdict"):
+        ScoredSample(score=0.0, correct=None, mask_reason="timeout")
+    with pytest.raises(ValueError, match="finite score and a bool verdict"):
+        ScoredSample(score=None, correct=False)
+    with pytest.raises(ValueError, match="finite score"):
+        ScoredSample(score=float("nan"), correct=False)
+    with pytest.raises(ValueError, match="unknown mask reason"):
+        ScoredSample.masked_as("tired")

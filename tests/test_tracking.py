@@ -29,6 +29,7 @@ from roll_pipeline.tracking.metadata import content_hash, run_tags
 from roll_pipeline.tracking.mlflow_tracker import MlflowTracker, absolute_uri, is_permanent, sync
 from roll_pipeline.tracking.spool import Spool
 from tests.conftest import EXAMPLES, ROOT
+from workers.rewards.scored import MASK_ERROR, ScoredSample
 
 
 @pytest.fixture
@@ -289,18 +290,13 @@ def test_run_tags_name_code_inputs_and_domains(tiny_model):
 
 
 def val_record(tag, pid, correct, text, domain="math"):
-    return {
-        "domain": domain,
-        "tag": tag,
-        "id": pid,
-        "correct": correct,
-        "response_text": text,
-        "score": 1.0,
-        "response_length": 3,
-        "finish_reason": "stop",
-        "prompt": f"prompt {pid}",
-        "ground_truth": "5",
-    }
+    context = dict(
+        domain=domain, tag=tag, id=pid, response_text=text, response_length=3, finish_reason="stop",
+        prompt=f"prompt {pid}", ground_truth="5",
+    )
+    if correct is None:
+        return ScoredSample.masked_as(MASK_ERROR, **context)
+    return ScoredSample(score=1.0, correct=correct, **context)
 
 
 def test_sample_table_takes_the_first_rows_of_every_tag():

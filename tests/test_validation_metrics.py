@@ -4,33 +4,35 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from roll_pipeline.validation import (
     answer_keys,
     majority_correct,
-    math_answer_key,
     metric_name_part,
     pass_at_k,
     pass_ks,
     rollout_metrics,
     validation_metrics,
 )
+from workers.rewards.math_rule import MathRuleScorer
+from workers.rewards.scored import MASK_ERROR, ScoredSample
 
 
 def rec(domain, tag, correct, length=4, finish="stop", score=None, pid=None, text=""):
-    score = (1.0 if correct else 0.0) if score is None else score
+    context = dict(domain=domain, tag=tag, response_length=length, id=pid, finish_reason=finish, response_text=text)
+    if correct is None:
+        return ScoredSample.masked_as(MASK_ERROR, **context)
+    return ScoredSample(score=(1.0 if correct else 0.0) if score is None else score, correct=correct, **context)
+
+
+def rewards(**workers):
+    """``rewards.<domain>`` blocks as answer_keys reads them: domain=worker or domain=(worker, options)."""
     return {
-        "domain": domain,
-        "tag": tag,
-        "correct": correct,
-        "response_length": length,
-        "id": pid,
-        "finish_reason": finish,
-        "score": score,
-        "masked": correct is None,
-        "response_text": text,
+        d: SimpleNamespace(worker=w[0], options=w[1]) if isinstance(w, tuple) else SimpleNamespace(worker=w, options={})
+        for d, w in workers.items()
     }
 
 
@@ -118,15 +120,30 @@ def test_majority_vote_compares_answers_and_counts_by_value():
 
 
 def test_math_answer_key_uses_math_rule_extraction():
-    assert math_answer_key("The answer is 57.") == math_answer_key("\\boxed{57.0}") == 57.0
-    assert math_answer_key("I think 1,234") == 1234.0
-    assert math_answer_key("no idea") is None
-    assert math_answer_key("so \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    key = MathRuleScorer().answer_key
+    assert key("The answer is 57.") == key("\\boxed{57.0}") == 57.0
+    assert key("I think 1,234") == 1234.0
+    assert key("no idea") is None
+    assert key("so \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
 
 
-def test_answer_keys_by_worker_name():
-    keys = answer_keys({"math": "math_rule", "code": "code_sandbox", "mine": "pkg.module:Scorer"})
-    assert keys == {"math": math_answer_key, "code": None, "mine": None}
+def test_the_answer_key_follows_the_scorers_options():
+    """The vote counts the answer the domain's scorer grades: with only boxed answers extracted, a bare number is
+    no answer; with thinking required, a number inside the thinking is none either."""
+    boxed_only = MathRuleScorer(extract_order=["boxed"]).answer_key
+    assert boxed_only("The answer is 57.") is None
+    assert boxed_only("\\boxed{57}") == 57.0
+    thinking = MathRuleScorer(require_thinking=True).answer_key
+    assert thinking("<think>57</think>") is None
+    assert thinking("<think>hmm</think> 58") == 58.0
+
+
+def test_answer_keys_come_from_the_domains_scorers():
+    keys = answer_keys(rewards(math="math_rule", code="code_sandbox", mine="roll_reward_plugin_example:ExactMatchScorer"))
+    assert keys["math"]("\\boxed{3}") == 3.0
+    assert keys["code"] is None
+    assert keys["mine"]("  Paris. ") == "paris"
+    assert answer_keys(rewards(math=("math_rule", {"extract_order": ["boxed"]})))["math"]("answer is 3") is None
 
 
 def k_sample_records():
@@ -151,7 +168,7 @@ def k_sample_records():
 
 
 def test_k_samples_per_prompt_give_pass_and_majority():
-    keys = answer_keys({"math": "math_rule", "code": "code_sandbox"})
+    keys = answer_keys(rewards(math="math_rule", code="code_sandbox"))
     m = validation_metrics(k_sample_records(), keys)
     assert m["val_correct/add/mean"] == pytest.approx(4 / 7)
     # pass@2 per prompt: a: 1 - C(1,2)/C(4,2) = 1; b (3 scored, 1 right): 1 - C(2,2)/C(3,2) = 2/3
@@ -170,10 +187,10 @@ def test_k_samples_per_prompt_give_pass_and_majority():
 
 
 def test_an_unscored_sample_changes_nothing_whatever_it_says():
-    keys = answer_keys({"math": "math_rule", "code": "code_sandbox"})
+    keys = answer_keys(rewards(math="math_rule", code="code_sandbox"))
     records = k_sample_records()
-    changed = [dict(r) for r in records]
-    changed[7] |= {"response_text": "50", "score": 1.0}  # the masked sample of prompt b
+    changed = list(records)
+    changed[7] = changed[7].but(response_text="50")  # the masked sample of prompt b
     assert validation_metrics(changed, keys) == validation_metrics(records, keys)
 
 
@@ -195,7 +212,7 @@ def test_tags_become_safe_metric_names_and_all_is_reserved():
 
 
 def test_the_metric_names_are_exactly_the_documented_ones():
-    keys = answer_keys({"math": "math_rule"})
+    keys = answer_keys(rewards(math="math_rule"))
     records = [rec("math", "add", True, pid="a"), rec("math", "add", False, pid="a")]
     per_scope = {"mean", "pass_at_1", "pass_at_2", "maj_at_2"}
     expected = {f"val_correct/{s}/{m}" for s in ("all", "add") for m in per_scope}
@@ -267,12 +284,13 @@ def test_accuracy_is_the_reward_workers_verdict_not_a_positive_score():
             "tag": ["list"] * 4,
             "response_text": ["a", "b", "c", "d"],
             "correct": [True, False, False, None],
+            "mask_reason": [None, None, None, "timeout"],
             "finish_reason": ["stop"] * 4,
         },
     )
     records = RLVRPipeline._records(batch)
-    assert [r["correct"] for r in records] == [True, False, False, None]
-    assert [r["masked"] for r in records] == [False, False, False, True]
+    assert [r.correct for r in records] == [True, False, False, None]
+    assert [r.masked for r in records] == [False, False, False, True]
     m = validation_metrics(records)
     assert m["val_correct/all/mean"] == pytest.approx(1 / 3)
     assert m["val_correct/list/pass_at_1"] == pytest.approx((1 / 2 + 0) / 2)

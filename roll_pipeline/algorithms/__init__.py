@@ -2,7 +2,7 @@
 
 from roll_pipeline.algorithms import advantages, aggregation, kl, policy_loss, shaping, value  # noqa: F401
 from roll_pipeline.algorithms.aggregation import aggregate_loss, batch_normalizer
-from roll_pipeline.algorithms.registry import (
+from roll_pipeline.registry import (
     ADVANTAGES,
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -10,6 +10,12 @@ from roll_pipeline.algorithms.registry import (
     POLICY_LOSSES,
     REWARD_NORMS,
 )
+
+
+def needs_critic(adv_estimator: str) -> bool:
+    """Whether the advantage estimator reads a value model's values, as its registration declares."""
+    return bool(ADVANTAGES.traits(adv_estimator).get("needs_critic", False))
+
 
 __all__ = [
     "ADVANTAGES",
@@ -20,4 +26,5 @@ __all__ = [
     "REWARD_NORMS",
     "aggregate_loss",
     "batch_normalizer",
+    "needs_critic",
 ]

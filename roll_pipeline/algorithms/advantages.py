@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from roll_pipeline.algorithms.registry import register_advantage
+from roll_pipeline.registry import register_advantage
 
 
 def place_at_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -163,7 +163,7 @@ def reinforce_plus_plus_baseline_advantages(
     return advantages, advantages.clone()
 
 
-@register_advantage("gae")
+@register_advantage("gae", needs_critic=True)
 def gae_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from roll_pipeline.algorithms.registry import (
+from roll_pipeline.registry import (
     LOSS_AGGREGATIONS,
     LOSS_NORMALIZERS,
     register_aggregation,

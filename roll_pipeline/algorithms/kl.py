@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from roll_pipeline.algorithms.registry import KL_ESTIMATORS, register_kl, register_kl_controller
+from roll_pipeline.registry import KL_ESTIMATORS, register_kl, register_kl_controller
 
 # The largest per-token k3 estimate (kl_k3).
 K3_MAX = 10.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from roll_pipeline.algorithms.registry import register_policy_loss
+from roll_pipeline.registry import register_policy_loss
 
 MAX_LOG_RATIO = 20.0
 # GSPO's cap on a sequence's log-ratio (gspo_loss).

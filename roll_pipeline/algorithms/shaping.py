@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from roll_pipeline.algorithms.advantages import group_statistics
-from roll_pipeline.algorithms.registry import REWARD_NORMS, register_reward_norm
+from roll_pipeline.registry import REWARD_NORMS, register_reward_norm
 
 if TYPE_CHECKING:
     from roll_pipeline.config.schema import RewardShapingConfig

@@ -14,7 +14,7 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,8 +162,13 @@ def _as_float(value: Any) -> Any:
     return value
 
 
-def from_dict(data: Mapping[str, Any]) -> PipelineConfig:
-    """Build a PipelineConfig from an already interpolated mapping, strictly; raise ConfigError on any problem."""
+Check = Callable[[PipelineConfig], Iterable[tuple[str, str]]]
+"""More (key path, message) findings on a built config, from outside the core (roll_pipeline/driver/names.py)."""
+
+
+def from_dict(data: Mapping[str, Any], checks: Sequence[Check] = ()) -> PipelineConfig:
+    """Build a PipelineConfig from an already interpolated mapping, strictly; raise ConfigError on any problem
+    (the schema's, and those of `checks`)."""
     if not isinstance(data, Mapping):
         raise ConfigError("the config must be a YAML mapping at the top level")
     unknown = list(_unknown_keys(PipelineConfig, data, ""))
@@ -176,6 +181,7 @@ def from_dict(data: Mapping[str, Any]) -> PipelineConfig:
     except dacite.DaciteError as exc:
         raise ConfigError(_dacite_message(exc)) from None
     problems = list(_validation_errors(cfg, ""))
+    problems += [f"{key}: {message}" for check in checks for key, message in check(cfg)]
     if problems:
         raise ConfigError("\n".join(problems))
     return cfg
@@ -334,11 +340,15 @@ def resolve(cfg: PipelineConfig, config_path: str | Path) -> ResolvedConfig:
     )
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> ResolvedConfig:
-    """Read, interpolate, override, validate and resolve a pipeline config file."""
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, checks: Sequence[Check] = ()
+) -> ResolvedConfig:
+    """Read, interpolate, override, validate and resolve a pipeline config file. The names of algorithms and
+    filters are not checked here (the core imports no registering module): `checks` adds such findings, and
+    `roll_pipeline.driver.names.load_run_config` is the load a run uses."""
     raw = load_raw(path, overrides)
     try:
-        cfg = from_dict(raw)
+        cfg = from_dict(raw, checks)
     except ConfigError as exc:
         raise ConfigError(_with_lines(str(exc), Path(path), overrides or [])) from None
     return resolve(cfg, path)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from roll_pipeline.config.devices import parse_device_mapping
 from roll_pipeline.config.shares import domain_shares
 
 
@@ -142,8 +143,6 @@ class ClusterConfig:
     def devices(self) -> list[int] | None:
         """device_mapping as a list of GPU indices; None without one. Raises ValueError for a string it cannot
         parse (validate() reports that at load)."""
-        from roll_pipeline.distributed.placement import parse_device_mapping
-
         return None if self.device_mapping is None else parse_device_mapping(self.device_mapping)
 
     def _validate_device_mapping(self) -> Iterator[tuple[str, str]]:
@@ -254,12 +253,7 @@ class RewardConfig:
     `{truncated: {}}` masks responses cut off by max_new_tokens (DAPO's overlong filtering)."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
-        from schedulers.filters import GROUP_FILTERS, RESPONSE_FILTERS, check_filters
-
-        for key, message in check_filters(GROUP_FILTERS, self.group_filters):
-            yield f"group_filters.{key}", message
-        for key, message in check_filters(RESPONSE_FILTERS, self.response_filters):
-            yield f"response_filters.{key}", message
+        # Filter names are checked against their registry by the driver (roll_pipeline/driver/names.py).
         if not self.tag_included:
             yield "tag_included", "must list at least one tag"
         if self.max_prompts_factor is not None and self.max_prompts_factor < 1:
@@ -390,14 +384,6 @@ class RayConfig:
             yield "worker_restarts", "must be >= 0"
 
 
-def _check_name(kind: str, name: str | None) -> str | None:
-    """A message when `name` is not in the named algorithm registry (roll_pipeline/algorithms), else None."""
-    from roll_pipeline import algorithms
-
-    registry = getattr(algorithms, kind)
-    return None if name in registry.names() else f"must be one of {registry.names()}, got {name!r}"
-
-
 @dataclass(frozen=True, kw_only=True)
 class OverlongPenaltyConfig:
     """DAPO's soft overlong punishment (Yu et al., arXiv:2503.14476, eq. 13), added to the score: 0 up to
@@ -448,10 +434,6 @@ class RewardShapingConfig:
     length_mask: LengthMaskConfig | None = None
 
     def validate(self) -> Iterator[tuple[str, str]]:
-        for key in ("norm_mean_type", "norm_std_type"):
-            value = getattr(self, key)
-            if value is not None and (message := _check_name("REWARD_NORMS", value)):
-                yield key, message
         if self.reward_clip is not None and self.reward_clip <= 0:
             yield "reward_clip", f"must be > 0 (or null), got {self.reward_clip}"
         if self.overlong_penalty is not None and self.overlong_penalty.buffer_len < 1:
@@ -594,25 +576,14 @@ class PipelineConfig:
         if self.infer_is_cap is not None and self.infer_is_cap <= 0:
             yield "infer_is_cap", "must be > 0 (or null: off)"
         yield from self._validate_domains()
-        if self.adv_estimator == "gae" and self.critic is None:
-            yield "critic", "adv_estimator gae needs a critic section"
         if self.ppo_epochs < 1:
             yield "ppo_epochs", "must be >= 1"
         yield from self._validate_algorithms()
         yield from self._validate_batch_division()
 
     def _validate_algorithms(self) -> Iterator[tuple[str, str]]:
-        names = [
-            ("adv_estimator", "ADVANTAGES"),
-            ("policy_loss", "POLICY_LOSSES"),
-            ("loss_agg_mode", "LOSS_AGGREGATIONS"),
-            ("kl_estimator", "KL_ESTIMATORS"),
-            ("kl_penalty", "KL_ESTIMATORS"),
-            ("kl_ctrl", "KL_CONTROLLERS"),
-        ]
-        for key, registry in names:
-            if message := _check_name(registry, getattr(self, key)):
-                yield key, message
+        # The names (adv_estimator, policy_loss, ...) and what they need (a critic) are checked against their
+        # registries by the driver (roll_pipeline/driver/names.py).
         if not 0 < self.pg_clip < 1:
             yield "pg_clip", f"must be in (0, 1), got {self.pg_clip}"
         if self.pg_clip_low is not None and not 0 < self.pg_clip_low <= 1:
@@ -633,8 +604,6 @@ class PipelineConfig:
             yield "gamma" if not 0 <= self.gamma <= 1 else "lambd", "must be in [0, 1]"
         if self.critic_warmup < 0:
             yield "critic_warmup", "must be >= 0"
-        if self.critic_warmup > 0 and self.adv_estimator != "gae":
-            yield "critic_warmup", f"needs a critic (adv_estimator gae), got adv_estimator {self.adv_estimator!r}"
         overlong = self.reward_shaping.overlong_penalty
         max_new = self.actor_infer.generating_args.max_new_tokens
         if overlong is not None and overlong.buffer_len > max_new:

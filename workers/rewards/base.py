@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -54,6 +54,35 @@ class RewardResult:
         if shadowed:
             raise ValueError(
                 f"RewardResult.metrics uses names reserved for the reward worker: {sorted(shadowed)}"
+            )
+
+
+#: Names the reward contract gives a sample beside the row's columns (``response``: the policy's response,
+#: ``prompt_messages``: the chat messages its prompt was rendered from); a row column of either name would be
+#: hidden from the scorer, so the data check refuses it.
+CONTRACT_FIELDS = ("response", "prompt_messages")
+
+
+def reward_sample(row: Mapping[str, object], response: str, prompt_messages: object = None) -> dict[str, object]:
+    """The sample a scorer gets for one response to ``row``: every column of the row, the response, and the
+    prompt's chat messages. ``id`` is the row's ``id`` column or, without one, where the row was read
+    (``file:line``); the loader's own ``_source`` column is not passed on. ``ground_truth`` is None when the
+    row has none."""
+    sample: dict[str, object] = {k: v for k, v in row.items() if k != "_source"}
+    sample["id"] = row.get("id", row.get("_source"))
+    sample.setdefault("ground_truth", None)
+    sample["response"] = response
+    sample["prompt_messages"] = prompt_messages
+    return sample
+
+
+def contract_problems(row: Mapping[str, object]) -> Iterator[tuple[str, str]]:
+    """``(column, problem)`` for each row column the reward contract would hide (``CONTRACT_FIELDS``)."""
+    for name in CONTRACT_FIELDS:
+        if name in row:
+            yield name, (
+                f"the reward contract passes the policy's {name.replace('_', ' ')} under this name, so the "
+                "scorer would never see this column; rename it"
             )
 
 
@@ -109,8 +138,19 @@ class RewardScorer:
         yield from missing_text(row, "ground_truth")
 
     def score(self, response: str, ground_truth: str, **fields: object) -> RewardResult | None:
-        """Judge ``response`` against ``ground_truth``; ``fields`` are the sample's other dataset columns.
+        """Judge ``response`` against ``ground_truth``; ``fields`` are every other column of the sample's
+        dataset row (``tag``, ``domain``, ``id``, ``test_cases``, and any column of the user's own), plus
+        ``prompt_messages``, the chat messages the prompt was rendered from (see ``reward_sample``).
 
         Returns ``None`` when the sample cannot be judged by this scorer (never 0 for that case).
         """
         raise NotImplementedError
+
+    #: Whether ``answer_key`` is defined, so that validation reports maj@k for this scorer's domains.
+    has_answer_key: ClassVar[bool] = False
+
+    def answer_key(self, response: str) -> Hashable | None:
+        """The answer ``response`` states, in a form where equal answers compare equal (None: it states none),
+        for majority voting over a prompt's validation responses (``maj@k``). A scorer that defines it sets
+        ``has_answer_key = True``."""
+        raise NotImplementedError(f"{type(self).__name__} has no answer key")

@@ -23,11 +23,11 @@ response counts as correct when ``v >= correct_threshold``.
 A judge that cannot be reached (connection refused, timeouts, 5xx after the retries; a judge actor that died
 or does not answer in time), that rejects the request (another 4xx; a prompt longer than the local judge's
 context), or whose reply holds no verdict in the declared format never gives a reward of 0: ``score``
-raises ``JudgeUnreachable``, ``JudgeRejected`` or ``JudgeVerdictUnparseable``, and the reward worker masks the
+raises ``JudgeUnreachable``, ``JudgeRejected`` or ``JudgeVerdictUnparseable`` (``workers.rewards.judge.errors``), and the reward worker masks the
 sample and counts it (``reward/<domain>/masked_error``; the exception's name is in the worker's warning).
 
-The question comes from the sample's ``question`` field, which the schedulers fill from the prompt's last user
-message. The API key, if the judge needs one, is read from the environment variable named by ``api_key_env``,
+The question is the last user message of the prompt the policy saw (the sample's ``prompt_messages``, which a
+run fills), or, where there is none (``roll rewards score``), the sample's ``question`` field. The API key, if the judge needs one, is read from the environment variable named by ``api_key_env``,
 never from the config. See ``workers.rewards.judge`` for the HTTP client (retries with exponential backoff)
 and the concurrency and rate limits, which every scoring process on a machine that calls the same judge
 shares.
@@ -42,8 +42,10 @@ import os
 import re
 import string
 import time
+from collections.abc import Mapping
 
 from workers.rewards.base import RewardResult, RewardScorer
+from workers.rewards.judge.errors import JudgeVerdictUnparseable
 from workers.rewards.registry import register_reward_worker
 
 logger = logging.getLogger(__name__)
@@ -91,6 +93,21 @@ def check_template(template: str) -> None:
         )
     if "response" not in names:
         raise ValueError("llm_judge: template must contain {response}")
+
+
+def question_of(fields: Mapping[str, object]) -> str | None:
+    """The question a response answers: the last user message of ``prompt_messages``, else the ``question``
+    field; None when neither has text."""
+    question = None
+    messages = fields.get("prompt_messages")
+    if isinstance(messages, list):
+        question = next(
+            (m.get("content") for m in reversed(messages) if isinstance(m, Mapping) and m.get("role") == "user"),
+            None,
+        )
+    if question is None:
+        question = fields.get("question")
+    return None if question is None or not str(question).strip() else str(question)
 
 
 def render_prompt(template: str, question: str | None, reference: str, response: str) -> str:
@@ -190,35 +207,6 @@ def _json_verdict(obj: dict, score_max: float) -> float | None:
         if isinstance(value, str) and value.strip().lower() in _YES_WORDS:
             return _YES_WORDS[value.strip().lower()]
     return None
-
-
-# --- failures that mask a sample ----------------------------------------------------------------------------
-
-
-class JudgeError(RuntimeError):
-    """The judge gave no verdict for a sample; the reward worker masks the sample (never scores it 0)."""
-
-    #: Short name of the failure, for logs and counts.
-    reason = "judge_error"
-
-
-class JudgeUnreachable(JudgeError):
-    """No answer from the judge: connection failed, timed out or 5xx, on every attempt."""
-
-    reason = "judge_unreachable"
-
-
-class JudgeRejected(JudgeError):
-    """The judge refused the request with a 4xx status (bad key, unknown model, prompt too long); not
-    retried."""
-
-    reason = "judge_rejected"
-
-
-class JudgeVerdictUnparseable(JudgeError):
-    """The judge answered, but its reply holds no verdict in the declared format."""
-
-    reason = "judge_parse_failed"
 
 
 # --- the scorer ---------------------------------------------------------------------------------------------
@@ -455,8 +443,7 @@ class LLMJudgeScorer(RewardScorer):
         if ground_truth is None or not str(ground_truth).strip():
             logger.warning("llm_judge: empty reference answer, sample %r not scored", fields.get("id"))
             return None
-        question = fields.get("question")
-        question = None if question is None or not str(question).strip() else str(question)
+        question = question_of(fields)
         answer = final_answer_text(response or "") if self.strip_thinking else (response or "")
         base_metrics = {"question_given": float(question is not None)}
         if answer is None or not answer.strip():

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from fractions import Fraction
 
 from workers.rewards.base import RewardResult, RewardScorer
@@ -335,8 +335,19 @@ class MathRuleScorer(RewardScorer):
         self.length_bounds = bounds if bounds[0] is not None else None
         self.length_penalty = float(length_penalty)
 
+    has_answer_key = True
+
     def warm_up(self) -> None:
         answers_match("\\frac{1}{2}", "x = 0.5")
+
+    def answer_key(self, response: str) -> Hashable | None:
+        """The answer this scorer would grade: plain numbers by value, so "57", "57.0" and "57." are one vote;
+        anything else (LaTeX, expressions) by its stripped text."""
+        answer, _ = find_answer(response or "", self.extract_order, self.require_thinking)
+        if answer is None:
+            return None
+        number = parse_number(answer)
+        return number if number is not None else answer.strip()
 
     def score(self, response: str, ground_truth: str, **fields: object) -> RewardResult | None:
         if ground_truth is None or not str(ground_truth).strip():

@@ -11,21 +11,22 @@ a masked sample leaves the loss.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from workers.rewards.base import RewardResult
 from workers.rewards.pool import Outcome, ScoringPool
 from workers.rewards.registry import get_reward_scorer_cls
+from workers.rewards.scored import (
+    MASK_CRASH,
+    MASK_ERROR,
+    MASK_NOT_APPLICABLE,
+    MASK_REASONS,
+    MASK_TIMEOUT,
+    MASK_WORKER_LOST,
+    ScoredSample,
+)
 
 logger = logging.getLogger(__name__)
-
-#: Why a sample was masked; also the suffix of its ``reward/<domain>/masked_<reason>`` count.
-MASK_NOT_APPLICABLE = "not_applicable"
-MASK_ERROR = "error"
-MASK_CRASH = "crash"
-MASK_TIMEOUT = "timeout"
-MASK_WORKER_LOST = "worker_lost"
-"""Set by the scheduler, not here: the reward worker itself died and stayed dead."""
-_MASK_REASONS = (MASK_NOT_APPLICABLE, MASK_ERROR, MASK_CRASH, MASK_TIMEOUT, MASK_WORKER_LOST)
 
 
 class RewardWorker:
@@ -67,7 +68,7 @@ class RewardWorker:
             start_timeout_s=start_timeout_s,
         )
         # worker_lost is the scheduler's finding (this worker died), never this worker's own.
-        self._masked_total = dict.fromkeys((r for r in _MASK_REASONS if r != MASK_WORKER_LOST), 0)
+        self._masked_total = dict.fromkeys((r for r in MASK_REASONS if r != MASK_WORKER_LOST), 0)
         self._scored_total = 0
 
     def close(self) -> None:
@@ -80,11 +81,10 @@ class RewardWorker:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def score_batch(self, samples: list[dict]) -> list[dict]:
-        """Score each ``{"response", "ground_truth", **fields}`` sample.
+    def score_batch(self, samples: list[dict]) -> list[ScoredSample]:
+        """Score each ``{"response", "ground_truth", **fields}`` sample (``fields``: the row's other columns).
 
-        Returns, per sample and in order, ``{"score", "correct", "masked", "mask_reason", "metrics"}``;
-        a masked sample has ``score`` and ``correct`` set to ``None`` and ``mask_reason`` set to one of
+        Returns a ``ScoredSample`` per sample, in order; a masked one has ``mask_reason`` set to one of
         ``not_applicable``, ``error``, ``crash``, ``timeout``.
         """
         for i, sample in enumerate(samples):
@@ -96,8 +96,8 @@ class RewardWorker:
             self._to_record(sample, outcome) for sample, outcome in zip(samples, outcomes, strict=True)
         ]
         for record in records:
-            if record["masked"]:
-                self._masked_total[record["mask_reason"]] += 1
+            if record.masked:
+                self._masked_total[record.mask_reason] += 1
             else:
                 self._scored_total += 1
         return records
@@ -108,7 +108,7 @@ class RewardWorker:
         masked = {f"masked_{reason}": n for reason, n in self._masked_total.items()}
         return {"scored": self._scored_total, **masked, **self._pool.stats}
 
-    def _to_record(self, sample: dict, outcome: Outcome) -> dict:
+    def _to_record(self, sample: dict, outcome: Outcome) -> ScoredSample:
         if outcome.kind == "timeout":
             logger.warning(
                 "reward worker %r: sample %r timed out after %.1fs; masked",
@@ -116,12 +116,12 @@ class RewardWorker:
                 sample.get("id"),
                 self.timeout_s,
             )
-            return masked_result(MASK_TIMEOUT)
+            return ScoredSample.masked_as(MASK_TIMEOUT)
         if outcome.kind == "crash":
             logger.warning(
                 "reward worker %r: sample %r: %s; masked", self.domain, sample.get("id"), outcome.detail
             )
-            return masked_result(MASK_CRASH)
+            return ScoredSample.masked_as(MASK_CRASH)
         if outcome.kind == "error":
             logger.warning(
                 "reward worker %r: scorer failed on sample %r; masked\n%s",
@@ -129,31 +129,25 @@ class RewardWorker:
                 sample.get("id"),
                 outcome.detail.rstrip(),
             )
-            return masked_result(MASK_ERROR)
+            return ScoredSample.masked_as(MASK_ERROR)
         result = outcome.value
         if result is None:
-            return masked_result(MASK_NOT_APPLICABLE)
+            return ScoredSample.masked_as(MASK_NOT_APPLICABLE)
         if not isinstance(result, RewardResult):
             logger.warning(
                 "reward worker %r: scorer returned %s, not a RewardResult; masked",
                 self.domain,
                 type(result).__name__,
             )
-            return masked_result(MASK_ERROR)
-        return {
-            "score": float(result.score),
-            "correct": bool(result.correct),
-            "masked": False,
-            "mask_reason": None,
-            "metrics": dict(result.metrics),
-        }
+            return ScoredSample.masked_as(MASK_ERROR)
+        return ScoredSample(score=float(result.score), correct=bool(result.correct), metrics=dict(result.metrics))
 
-    def domain_metrics(self, results: list[dict]) -> dict[str, float]:
+    def domain_metrics(self, results: Sequence[ScoredSample]) -> dict[str, float]:
         """Aggregate ``score_batch`` results into ``reward/<domain>/...`` metrics (see `domain_metrics`)."""
         return domain_metrics(self.domain, results)
 
 
-def domain_metrics(domain: str, results: list[dict]) -> dict[str, float]:
+def domain_metrics(domain: str, results: Sequence[ScoredSample]) -> dict[str, float]:
     """Aggregate ``score_batch`` results into ``reward/<domain>/...`` metrics; a pure function, so the caller that
     holds the results aggregates them where they are instead of sending them back to a worker.
 
@@ -162,29 +156,23 @@ def domain_metrics(domain: str, results: list[dict]) -> dict[str, float]:
     over unmasked samples only, and absent when there are none.
     """
     prefix = f"reward/{domain}"
-    scored = [r for r in results if not r["masked"]]
+    scored = [r for r in results if not r.masked]
     metrics: dict[str, float] = {
         f"{prefix}/count": float(len(results)),
         f"{prefix}/masked": float(len(results) - len(scored)),
     }
-    for reason in _MASK_REASONS:
-        metrics[f"{prefix}/masked_{reason}"] = float(
-            sum(1 for r in results if r["masked"] and r.get("mask_reason") == reason)
-        )
+    for reason in MASK_REASONS:
+        metrics[f"{prefix}/masked_{reason}"] = float(sum(1 for r in results if r.mask_reason == reason))
     if results:
         metrics[f"{prefix}/timed_out"] = metrics[f"{prefix}/masked_{MASK_TIMEOUT}"] / len(results)
     if scored:
-        metrics[f"{prefix}/score"] = sum(r["score"] for r in scored) / len(scored)
-        metrics[f"{prefix}/correct"] = sum(1.0 for r in scored if r["correct"]) / len(scored)
+        metrics[f"{prefix}/score"] = sum(r.score for r in scored) / len(scored)
+        metrics[f"{prefix}/correct"] = sum(1.0 for r in scored if r.correct) / len(scored)
     values: dict[str, list[float]] = {}
     for r in scored:
-        for name, value in r["metrics"].items():
+        for name, value in r.metrics.items():
             values.setdefault(name, []).append(float(value))
     for name, vals in sorted(values.items()):
         metrics[f"{prefix}/{name}"] = sum(vals) / len(vals)
     return metrics
 
-
-def masked_result(reason: str) -> dict:
-    """A masked sample's record, as ``score_batch`` returns it."""
-    return {"score": None, "correct": None, "masked": True, "mask_reason": reason, "metrics": {}}

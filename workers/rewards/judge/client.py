@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import requests
 
+from workers.rewards.judge.errors import JudgeRejected, JudgeUnreachable, JudgeVerdictUnparseable
 from workers.rewards.judge.limits import SharedLimits
-from workers.rewards.llm_judge import JudgeRejected, JudgeUnreachable, JudgeVerdictUnparseable
 from workers.rewards.retry import RetryPolicy, is_retried_status
 
 logger = logging.getLogger(__name__)

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.rewards.judge.client import ChatReply
-from workers.rewards.llm_judge import JudgeRejected, JudgeUnreachable
+from workers.rewards.judge.errors import JudgeRejected, JudgeUnreachable
 from workers.rewards.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)

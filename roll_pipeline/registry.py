@@ -1,9 +1,14 @@
-"""Name -> function registries for the RL algorithms, so YAML can choose them and nothing branches on names."""
+"""Name -> function registries, so YAML chooses algorithms and filters by name and nothing branches on names.
+
+The registries live here, in the core, and import nothing: the functions register themselves when their modules
+are imported (roll_pipeline/algorithms, schedulers/filters.py). Checking a config's names against them is the
+driver's work (roll_pipeline/driver/names.py), which imports those modules first.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
@@ -12,15 +17,25 @@ class Registry:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, Callable] = {}
+        self._traits: dict[str, dict[str, Any]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(self, name: str, **traits: Any) -> Callable[[F], F]:
+        """Decorator: register the function under `name`, with what the rest of the pipeline needs to know
+        about it (e.g. an advantage estimator's ``needs_critic=True``), read back with `traits`."""
+
         def decorate(fn: F) -> F:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered (by {self._items[name].__qualname__})")
             self._items[name] = fn
+            self._traits[name] = dict(traits)
             return fn
 
         return decorate
+
+    def traits(self, name: str) -> dict[str, Any]:
+        """What `name` was registered with (its declared traits); ValueError for an unknown name."""
+        self.get(name)
+        return dict(self._traits[name])
 
     def get(self, name: str) -> Callable:
         try:
@@ -39,6 +54,8 @@ KL_CONTROLLERS = Registry("KL controller")
 LOSS_AGGREGATIONS = Registry("loss aggregation mode")
 LOSS_NORMALIZERS = Registry("loss normaliser")
 REWARD_NORMS = Registry("reward normalisation")
+GROUP_FILTERS = Registry("group filter")
+RESPONSE_FILTERS = Registry("response filter")
 
 register_advantage = ADVANTAGES.register
 register_policy_loss = POLICY_LOSSES.register

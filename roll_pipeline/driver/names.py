@@ -1,0 +1,58 @@
+"""A config's names checked against the registries they choose from, and what the chosen entries need.
+
+The core config (roll_pipeline/config) checks structure and ranges and imports nothing that registers; the names
+it holds (an advantage estimator, a policy loss, a filter, ...) are only known once the modules that register
+them are imported: roll_pipeline/algorithms (torch) and schedulers/filters.py. `load_run_config` is the driver's
+way to load a config: the core loader, with these checks folded into its one error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from roll_pipeline.config import PipelineConfig, ResolvedConfig, load_config
+
+
+def name_problems(cfg: PipelineConfig) -> Iterator[tuple[str, str]]:
+    """(key path, message) for every name in `cfg` that its registry does not know, and for a chosen entry whose
+    needs the config does not meet (an estimator that needs a critic, without a critic section)."""
+    from roll_pipeline import algorithms
+    from schedulers.filters import GROUP_FILTERS, RESPONSE_FILTERS, check_filters
+
+    named = [
+        ("adv_estimator", algorithms.ADVANTAGES),
+        ("policy_loss", algorithms.POLICY_LOSSES),
+        ("loss_agg_mode", algorithms.LOSS_AGGREGATIONS),
+        ("kl_estimator", algorithms.KL_ESTIMATORS),
+        ("kl_penalty", algorithms.KL_ESTIMATORS),
+        ("kl_ctrl", algorithms.KL_CONTROLLERS),
+        ("reward_shaping.norm_mean_type", algorithms.REWARD_NORMS),
+        ("reward_shaping.norm_std_type", algorithms.REWARD_NORMS),
+    ]
+    for key, registry in named:
+        section, _, field = key.rpartition(".")
+        value = getattr(getattr(cfg, section) if section else cfg, field)
+        if value is None and section:  # the normalisations are optional
+            continue
+        if value not in registry.names():
+            yield key, f"must be one of {registry.names()}, got {value!r}"
+    if cfg.adv_estimator in algorithms.ADVANTAGES.names():
+        critic = algorithms.needs_critic(cfg.adv_estimator)
+        if critic and cfg.critic is None:
+            yield "critic", f"adv_estimator {cfg.adv_estimator} needs a critic section"
+        if cfg.critic_warmup > 0 and not critic:
+            yield (
+                "critic_warmup",
+                f"needs a critic (an estimator that uses one, e.g. gae), got adv_estimator {cfg.adv_estimator!r}",
+            )
+    for domain, reward in cfg.rewards.items():
+        for key, message in check_filters(GROUP_FILTERS, reward.group_filters):
+            yield f"rewards.{domain}.group_filters.{key}", message
+        for key, message in check_filters(RESPONSE_FILTERS, reward.response_filters):
+            yield f"rewards.{domain}.response_filters.{key}", message
+
+
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> ResolvedConfig:
+    """The config a run uses: `load_config` with the names checked as well, every problem in one ConfigError."""
+    return load_config(path, overrides, checks=(name_problems,))
