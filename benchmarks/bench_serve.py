@@ -46,7 +46,7 @@ def _start(model: str, torch_threads: int, max_batch: int) -> tuple[subprocess.P
     command = [
         sys.executable,
         "-m",
-        "roll_pipeline.cli",
+        "roll_pipeline.driver.cli",
         "serve",
         model,
         "--port",

@@ -129,7 +129,7 @@ def run_pipeline(config: Path, steps: int, out: Path, extra: list[str] | None = 
     and the last when it validates), the median seconds of each stage over those steps (the pipeline's
     time/<stage>_s metrics), generated tokens per step, the summary, the metric history, and what
     `before_shutdown(pipeline)` returned."""
-    from roll_pipeline.pipeline import RLVRPipeline
+    from roll_pipeline.driver.pipeline import RLVRPipeline
 
     pipeline = RLVRPipeline(load(config, steps, out, extra))
     marks: list[float] = []

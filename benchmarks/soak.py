@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="roll-soak-"))
     argv_run = [
-        sys.executable, "-m", "roll_pipeline.cli", "run", args.config, f"max_steps={args.steps}",
+        sys.executable, "-m", "roll_pipeline.driver.cli", "run", args.config, f"max_steps={args.steps}",
         f"output_dir={out}", f"eval_steps={max(args.steps // 5, 1)}", f"save_steps={max(args.steps // 5, 1)}",
         f"tracking.tracking_uri=sqlite:///{out}/mlflow.db", *args.overrides,
     ]

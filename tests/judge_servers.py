@@ -45,7 +45,7 @@ class ServeProcess:
         command = [
             sys.executable,
             "-m",
-            "roll_pipeline.cli",
+            "roll_pipeline.driver.cli",
             "serve",
             str(self.model),
             "--port",

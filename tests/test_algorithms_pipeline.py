@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 
-from roll_pipeline import pipeline as pipeline_module
 from roll_pipeline.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, batch_normalizer
 from roll_pipeline.batch import Batch
 from roll_pipeline.config import ConfigError
+from roll_pipeline.driver import pipeline as pipeline_module
 from roll_pipeline.driver.names import load_run_config
+from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.models.forward import log_probs_from_logits
-from roll_pipeline.pipeline import RLVRPipeline
 from tests.conftest import EXAMPLES
 from workers.actor_train import loss_mask, policy_objective
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roll_pipeline.cli import main
 from roll_pipeline.console import EXIT_USAGE
+from roll_pipeline.driver.cli import main
 from tests.conftest import EXAMPLES
 
 MATH = {"tag": "add", "messages": [{"role": "user", "content": "What is 1 + 2?"}], "ground_truth": "3"}
@@ -29,7 +29,7 @@ def no_training(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("the checks passed and the pipeline was about to start Ray")
 
-    monkeypatch.setattr("roll_pipeline.pipeline.RLVRPipeline", refuse)
+    monkeypatch.setattr("roll_pipeline.driver.pipeline.RLVRPipeline", refuse)
 
 
 def write_jsonl(path: Path, rows: list[dict | str]) -> Path:

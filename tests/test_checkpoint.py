@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from roll_pipeline import checkpoint as checkpoint_module
-from roll_pipeline.checkpoint import (
+from roll_pipeline.driver import checkpoint as checkpoint_module
+from roll_pipeline.driver.checkpoint import (
     LATEST,
     STATE_FILE,
     CheckpointError,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roll_pipeline.cli import main
+from roll_pipeline.driver.cli import main
 from tests.conftest import EXAMPLES
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roll_pipeline.cli import main
+from roll_pipeline.driver.cli import main
 from roll_pipeline.models.embedded import EMBEDDED_MODELS
 from tests.conftest import EXAMPLES, ROOT
 
@@ -80,7 +80,7 @@ def start_judge_server(command: str, cwd: Path) -> subprocess.Popen:
     port = args[args.index("--port") + 1]
     log = cwd / "judge-server.log"  # a file, not a pipe: nothing reads the server's output while it runs
     with log.open("w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "roll_pipeline.cli", *args[1:]], cwd=cwd,
+        server = subprocess.Popen([sys.executable, "-m", "roll_pipeline.driver.cli", *args[1:]], cwd=cwd,
                                   stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

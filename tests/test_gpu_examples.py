@@ -8,9 +8,9 @@ import socket
 import pytest
 import torch
 
-from roll_pipeline.cli import main
 from roll_pipeline.config import load_config
-from roll_pipeline.preflight import preflight
+from roll_pipeline.driver.cli import main
+from roll_pipeline.driver.preflight import preflight
 from tests.conftest import EXAMPLES
 
 GPU_EXAMPLES = sorted(p.name for p in (EXAMPLES / "gpu").glob("*.yaml"))

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import RLVRPipeline
+from roll_pipeline.driver.pipeline import RLVRPipeline
 from tests.conftest import EXAMPLES
 
 PROMPTS = 32

@@ -21,10 +21,10 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from roll_pipeline.cli import main
 from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import RLVRPipeline
-from roll_pipeline.report import CHART_FILE, table_file
+from roll_pipeline.driver.cli import main
+from roll_pipeline.driver.pipeline import RLVRPipeline
+from roll_pipeline.driver.report import CHART_FILE, table_file
 from roll_pipeline.tracking.mlflow_tracker import server_reachable
 from tests.conftest import EXAMPLES, ROOT
 from tests.test_pipeline_integration import SMALL

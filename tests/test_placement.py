@@ -20,7 +20,7 @@ from roll_pipeline.distributed.placement import (
     plan_devices,
     plan_for,
 )
-from roll_pipeline.pipeline import LOCAL_RAY_SYSTEM_CONFIG, start_local_ray
+from roll_pipeline.driver.pipeline import LOCAL_RAY_SYSTEM_CONFIG, start_local_ray
 from tests.conftest import EXAMPLES
 
 
@@ -392,7 +392,7 @@ def test_two_nodes_hold_one_placement_group_each():
 
 @pytest.mark.slow
 def test_a_run_with_colocated_device_mapped_clusters_completes(tmp_path, tiny_model, mlflow_db):
-    from roll_pipeline.pipeline import RLVRPipeline
+    from roll_pipeline.driver.pipeline import RLVRPipeline
     from tests.test_pipeline_integration import SMALL
 
     overrides = [

@@ -21,9 +21,9 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from roll_pipeline.checkpoint import STATE_FILE, checkpoint_root, latest_checkpoint
 from roll_pipeline.config import TrackingConfig, load_config
-from roll_pipeline.pipeline import RLVRPipeline, start_local_ray
+from roll_pipeline.driver.checkpoint import STATE_FILE, checkpoint_root, latest_checkpoint
+from roll_pipeline.driver.pipeline import RLVRPipeline, start_local_ray
 from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
 from tests.conftest import EXAMPLES, ROOT
 from tests.test_tracking import read_table
@@ -87,7 +87,7 @@ def config(tmp_path: Path, tiny_model: Path, variant: str = "sync") -> Path:
 
 def roll_run(cfg: Path, out: Path, *extra: str, **popen) -> subprocess.Popen:
     argv = [
-        sys.executable, "-m", "roll_pipeline.cli", "run", str(cfg),
+        sys.executable, "-m", "roll_pipeline.driver.cli", "run", str(cfg),
         f"output_dir={out}", f"tracking.tracking_uri=sqlite:///{out}.db", "tracking.experiment_name=resume", *extra,
     ]
     log = open(f"{out}.log", "ab")  # noqa: SIM115 (the child holds it)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from roll_pipeline.cli import main
-from roll_pipeline.reward_commands import parse_assignments, read_value
+from roll_pipeline.driver.cli import main
+from roll_pipeline.driver.reward_commands import parse_assignments, read_value
 
 ECHO = "tests.test_reward_worker:EchoScorer"
 

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from roll_pipeline.cli import main
 from roll_pipeline.config.loader import load_config
-from roll_pipeline.preflight import preflight
+from roll_pipeline.driver.cli import main
+from roll_pipeline.driver.preflight import preflight
 from tests.conftest import EXAMPLES
 from workers.rewards.base import contract_problems, reward_sample
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from roll_pipeline.cli import main
 from roll_pipeline.config.schema import RewardConfig
+from roll_pipeline.driver.cli import main
 from tests.conftest import ROOT
 from workers.rewards import registry
 from workers.rewards.registry import describe_reward_workers, get_reward_scorer_cls
@@ -92,7 +92,7 @@ def test_the_plugin_from_the_roll_command(plugin_installed, clean_registry, caps
 
 def test_the_plugin_from_a_fresh_roll_process(plugin_installed):
     """What a user runs: a new interpreter, which finds the plugin only through its installed entry point."""
-    command = [sys.executable, "-m", "roll_pipeline.cli", "rewards", "score", "exact_match_example"]
+    command = [sys.executable, "-m", "roll_pipeline.driver.cli", "rewards", "score", "exact_match_example"]
     command += ["--response", "Parigi", "--ground-truth", "Paris", "--field", "aliases=Lutetia|Parigi"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr

@@ -16,7 +16,7 @@ import pytest
 import requests
 import torch
 
-from roll_pipeline.cli import main
+from roll_pipeline.driver.cli import main
 from roll_pipeline.serve.commands import vllm_command
 from roll_pipeline.serve.engine import Engine, SamplingParams
 from roll_pipeline.serve.model_path import ModelPathError, ServedModel, resolve_model_path

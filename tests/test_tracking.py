@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from roll_pipeline.cli import main
 from roll_pipeline.config import TrackingConfig, load_config
-from roll_pipeline.report import (
+from roll_pipeline.driver.cli import main
+from roll_pipeline.driver.report import (
     CHART_FILE,
     RunReport,
     accuracy_chart,
@@ -24,7 +24,7 @@ from roll_pipeline.report import (
     sample_table,
     table_file,
 )
-from roll_pipeline.tracking.commands import ui_command
+from roll_pipeline.driver.tracking_commands import ui_command
 from roll_pipeline.tracking.metadata import content_hash, run_tags
 from roll_pipeline.tracking.mlflow_tracker import MlflowTracker, absolute_uri, is_permanent, sync
 from roll_pipeline.tracking.spool import Spool

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from roll_pipeline.validation import (
+from roll_pipeline.driver.validation import (
     answer_keys,
     majority_correct,
     metric_name_part,
@@ -273,8 +273,8 @@ def test_accuracy_is_the_reward_workers_verdict_not_a_positive_score():
     import torch
 
     from roll_pipeline.batch import Batch
-    from roll_pipeline.pipeline import RLVRPipeline
-    from roll_pipeline.report import sample_table
+    from roll_pipeline.driver.pipeline import RLVRPipeline
+    from roll_pipeline.driver.report import sample_table
 
     batch = Batch(
         {"scores": torch.tensor([1.0, 0.5, 0.25, 0.0]), "response_mask": torch.ones(4, 3)},

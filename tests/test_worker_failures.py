@@ -16,7 +16,7 @@ import ray
 import yaml
 
 from roll_pipeline.config import load_config
-from roll_pipeline.pipeline import RLVRPipeline
+from roll_pipeline.driver.pipeline import RLVRPipeline
 from tests.conftest import EXAMPLES
 from workers.rewards.math_rule import MathRuleScorer
 

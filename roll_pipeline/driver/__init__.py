@@ -1,12 +1,13 @@
-"""The driver: what runs a pipeline on top of everything else (config names checked against the registries, and,
-as the driver moves here from roll_pipeline/, the pipeline step, the runtime and the commands).
+"""The driver: what runs a pipeline, on top of everything else: the pipeline (pipeline.py), checkpoints
+(checkpoint.py), the checks before a run (preflight.py, names.py), validation metrics and reports
+(validation.py, report.py), and the `roll` command (cli.py, reward_commands.py, tracking_commands.py).
 
 Layers, each importing only the ones below it:
 
 1. the core: roll_pipeline/{config, batch, registry, algorithms, tracking, data/loading, console,
    models/forward}: no workers, no schedulers, and the config without torch or Ray;
 2. workers/ and schedulers/;
-3. the driver: this package, and the modules of roll_pipeline/ that start or command a run.
+3. the driver: this package, and roll_pipeline/{serve, models (the builders), distributed, data/synthetic.py}.
 
 tests/test_layers.py holds each layer to that.
 """

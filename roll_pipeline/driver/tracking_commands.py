@@ -12,7 +12,7 @@ from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error
 def cmd_report(args: argparse.Namespace) -> int:
     from mlflow.exceptions import MlflowException
 
-    from roll_pipeline.report import format_report, load_report
+    from roll_pipeline.driver.report import format_report, load_report
 
     try:
         report = load_report(args.run, args.tracking_uri)

@@ -23,23 +23,23 @@ from roll_pipeline.algorithms.kl import kl_penalty_rewards
 from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
 from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
 from roll_pipeline.batch import Batch
-from roll_pipeline.checkpoint import (
+from roll_pipeline.config import PipelineConfig, ResolvedConfig
+from roll_pipeline.data.loading import fit_prompts, load_domain_rows, require_rows
+from roll_pipeline.distributed.cluster import Cluster
+from roll_pipeline.distributed.placement import DevicePool, plan_for
+from roll_pipeline.driver.checkpoint import (
     checkpoint_root,
     config_changes,
     latest_checkpoint,
     read_state,
     write_checkpoint,
 )
-from roll_pipeline.config import PipelineConfig, ResolvedConfig
-from roll_pipeline.data.loading import fit_prompts, load_domain_rows, require_rows
-from roll_pipeline.distributed.cluster import Cluster
-from roll_pipeline.distributed.placement import DevicePool, plan_for
-from roll_pipeline.report import log_validation_artifacts
+from roll_pipeline.driver.report import log_validation_artifacts
+from roll_pipeline.driver.validation import answer_keys, rollout_metrics, validation_metrics
 from roll_pipeline.tracking.metadata import run_tags
 from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
 from roll_pipeline.tracking.spool import SPOOL_DIRNAME
 from roll_pipeline.tracking.system import MemoryProbe
-from roll_pipeline.validation import answer_keys, rollout_metrics, validation_metrics
 from schedulers.dynamic_sampling import start_scheduler
 from workers.base import load_rng_states, rng_states
 from workers.rewards.scored import ScoredSample
@@ -471,7 +471,7 @@ class RLVRPipeline:
 
     def validate(self) -> dict[str, float]:
         """k responses per validation prompt, scored by the training reward; metrics per tag and domain
-        (roll_pipeline/validation.py names them), and the sample table and accuracy chart go to MLflow.
+        (roll_pipeline/driver/validation.py names them), and the sample table and accuracy chart go to MLflow.
 
         With the current weights: an async rollout still generating with older ones is finished first."""
         self._settle()
@@ -544,7 +544,7 @@ class RLVRPipeline:
         }
 
     def save_checkpoint(self, step: int) -> Path:
-        """Everything the run needs to go on as if it had never stopped (roll_pipeline/checkpoint.py writes it
+        """Everything the run needs to go on as if it had never stopped (roll_pipeline/driver/checkpoint.py writes it
         atomically): the trained clusters' DeepSpeed states and RNGs, actor_infer's and the driver's RNGs, every
         scheduler's data position, the KL controller, the running reward moments, the metric history, the
         step, and where the MLflow run is."""

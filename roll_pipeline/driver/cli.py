@@ -16,13 +16,13 @@ from roll_pipeline.driver.names import load_run_config
 def cmd_run(args: argparse.Namespace) -> int:
     resolved = load_run_config(args.config, args.overrides)
     if args.dry_run:
-        from roll_pipeline.preflight import run_checks
+        from roll_pipeline.driver.preflight import run_checks
 
         echo(f"dry run of {args.config}:")
         ok = run_checks(resolved, echo)
         echo("all checks passed" if ok else "some checks failed")
         return 0 if ok else EXIT_USAGE
-    from roll_pipeline.preflight import preflight
+    from roll_pipeline.driver.preflight import preflight
 
     failed = [c for c in preflight(resolved) if not c.ok]
     if failed:
@@ -31,12 +31,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from tqdm import tqdm
 
-    from roll_pipeline.pipeline import RLVRPipeline, WorkerDiedError
+    from roll_pipeline.driver.pipeline import RLVRPipeline, WorkerDiedError
 
     cfg = resolved.config
     checkpoint = None
     if args.resume:
-        from roll_pipeline.checkpoint import checkpoint_root, latest_checkpoint
+        from roll_pipeline.driver.checkpoint import checkpoint_root, latest_checkpoint
 
         checkpoint = latest_checkpoint(checkpoint_root(cfg.output_dir))
         if checkpoint is None:
@@ -204,11 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_data_generate)
 
-    from roll_pipeline.tracking.commands import add_commands as add_tracking_commands
+    from roll_pipeline.driver.tracking_commands import add_commands as add_tracking_commands
 
     add_tracking_commands(sub)  # report, mlflow sync, ui
 
-    from roll_pipeline.reward_commands import add_commands as add_reward_commands
+    from roll_pipeline.driver.reward_commands import add_commands as add_reward_commands
 
     add_reward_commands(sub)  # rewards list, rewards score
 
