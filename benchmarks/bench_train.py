@@ -97,7 +97,7 @@ class BareTrainer:
             weight_decay=ta.weight_decay,
         )
         self.micro = ta.per_device_train_batch_size
-        self.mini = ta.per_device_train_batch_size * ta.gradient_accumulation_steps
+        self.mini = ta.minibatch_size
         self.max_grad_norm = ta.max_grad_norm
         self.epochs = cfg.ppo_epochs
         self.clip = cfg.pg_clip
@@ -237,7 +237,7 @@ def measure(repeats: int = 3, calls: int = 3, quick: bool = False, log=print) ->
             os.environ.clear()
             os.environ.update(saved_env)
     ta = section_cfg.training_args
-    mini = ta.per_device_train_batch_size * ta.gradient_accumulation_steps
+    mini = ta.minibatch_size
     section = Section(
         title="3. Training overhead",
         setup=(

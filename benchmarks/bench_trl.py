@@ -201,7 +201,7 @@ def run_ours(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=torch.float32)
     model.load_state_dict(weights)
     # actor_infer's batches in the order it ran them: the training rollouts, then the final validation's.
-    trained = steps * cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+    trained = steps * cfg.samples_per_step
     cumulative = list(itertools.accumulate(batch_sizes))
     training_batches = next((i + 1 for i, c in enumerate(cumulative) if c >= trained), len(batch_sizes))
     accuracy = greedy_accuracy(
@@ -231,7 +231,7 @@ def trl_args(cfg, steps: int, out: Path):
 
     ta = cfg.actor_train.training_args
     gen = cfg.actor_infer.generating_args
-    samples = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+    samples = cfg.samples_per_step
     steps_per_generation = samples // ta.per_device_train_batch_size
     return GRPOConfig(
         output_dir=str(out),
@@ -381,7 +381,7 @@ def measure(repeats: int = 3, steps: int = 30, quick: bool = False, log=print) -
                 f"TRL {b['step_s']:.2f} s/step, accuracy {b['accuracy']:.3f}"
             )
     ta = cfg.actor_train.training_args
-    samples = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+    samples = cfg.samples_per_step
     section = Section(
         title="1. End to end against TRL",
         setup=(
@@ -390,8 +390,8 @@ def measure(repeats: int = 3, steps: int = 30, quick: bool = False, log=print) -
             f"({TINY_MODEL.name}), {cfg.rollout_batch_size} prompts x {cfg.num_return_sequences_in_group} "
             f"responses per step, {cfg.actor_infer.generating_args.max_new_tokens} max new tokens, temperature "
             f"{cfg.actor_infer.generating_args.temperature}, learning rate {ta.learning_rate} constant, "
-            f"mini-batches of {ta.per_device_train_batch_size * ta.gradient_accumulation_steps} "
-            f"({samples // (ta.per_device_train_batch_size * ta.gradient_accumulation_steps)} optimizer steps per RL "
+            f"mini-batches of {ta.minibatch_size} "
+            f"({samples // ta.minibatch_size} optimizer steps per RL "
             f"step), {cfg.ppo_epochs} pass per batch, no KL (our use_kl_loss false, TRL beta 0), float32 on CPU, "
             f"{cfg.actor_train.torch_threads} torch threads (each of our workers; TRL's one process). "
             "Step time: median wall-clock seconds between the ends of consecutive RL steps after the first (ours "

@@ -34,10 +34,8 @@ META_KEYS: dict[str, str] = {
     "id": "the data row's id",
     "domain": "the domain that drew the prompt",
     "tag": "the data row's tag",
-    "messages": "the chat messages of the prompt",
     "response_text": "the decoded response",
     "ground_truth": "the data row's ground truth",
-    "test_cases": "the data row's test cases (code domains)",
     "correct": "whether the reward worker judged the response correct (None when masked)",
     "mask_reason": "why the reward could not be computed (workers.rewards.scored.MASK_REASONS); None when scored",
     "finish_reason": "'stop' when the response ended with end-of-sequence, 'length' when truncated",
@@ -124,6 +122,11 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))
+
+
+def loss_mask(batch: Batch) -> torch.Tensor:
+    """(B, R): the response tokens of the samples in the loss (response_mask where sample_mask is 1)."""
+    return batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
 
 
 def _cat_padded(parts: list[torch.Tensor], key: str) -> torch.Tensor:

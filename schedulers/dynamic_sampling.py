@@ -442,7 +442,6 @@ class DynamicSamplingScheduler:
                 "domain": [self.domain] * n,
                 "tag": [row["tag"]] * n,
                 "ground_truth": [row.get("ground_truth")] * n,
-                "test_cases": [row.get("test_cases")] * n,
                 "finish_reason": list(output["finish_reason"]),
                 "response_text": list(texts),
                 "correct": [r.correct for r in results],

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from roll_pipeline.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, batch_normalizer
-from roll_pipeline.batch import Batch
+from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import ConfigError
 from roll_pipeline.driver import pipeline as pipeline_module
 from roll_pipeline.driver.names import load_run_config
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.models.forward import log_probs_from_logits
 from tests.conftest import EXAMPLES
-from workers.actor_train import loss_mask, policy_objective
+from workers.actor_train import policy_objective
 
 GAE = ["adv_estimator=gae", "critic={training_args: {per_device_train_batch_size: 64, gradient_accumulation_steps: 2}}"]
 

@@ -9,6 +9,7 @@ import yaml
 
 from roll_pipeline.config import ConfigError, domain_shares, interpolate, load_config, parse_override
 from roll_pipeline.driver.names import load_run_config
+from tests.conftest import EXAMPLES
 
 BASE = {
     "pretrain": "./model",
@@ -263,3 +264,23 @@ def test_every_example_config_loads():
     assert examples
     for path in examples:
         load_config(path)
+
+
+def test_derived_batch_sizes_are_defined_once_on_the_config():
+    cfg = load_config(
+        EXAMPLES / "math_code.yaml",
+        [
+            "max_steps=10",
+            "ppo_epochs=2",
+            "rollout_batch_size=8",
+            "num_return_sequences_in_group=4",
+            "actor_train.training_args.per_device_train_batch_size=4",
+            "actor_train.training_args.gradient_accumulation_steps=2",
+            "actor_train.world_size=2",
+        ],
+    ).config
+    assert cfg.samples_per_step == 32
+    assert cfg.actor_train.training_args.minibatch_size == 8
+    assert cfg.actor_train.samples_per_update == 16
+    assert cfg.optimizer_steps(cfg.actor_train) == 10 * 2 * (32 // 16)
+    assert not cfg.update_gives_old_log_probs  # two epochs, two optimizer steps an epoch

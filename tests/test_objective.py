@@ -12,10 +12,10 @@ import torch
 
 from roll_pipeline.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, batch_normalizer
 from roll_pipeline.algorithms.kl import K3_MAX
-from roll_pipeline.batch import Batch
+from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import load_config
 from tests.conftest import EXAMPLES
-from workers.actor_train import loss_mask, policy_objective
+from workers.actor_train import policy_objective
 
 N, WIDTH = 6, 5
 CLIP_LOW, CLIP_HIGH, DUAL_C = 0.2, 0.28, 3.0

@@ -3,47 +3,23 @@
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 
 import torch
-import torch.distributed as dist
+from torch import nn
 
-from roll_pipeline.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss, batch_normalizer
-from roll_pipeline.batch import Batch
+from roll_pipeline.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
+from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import PipelineConfig
 from roll_pipeline.models.forward import batched_log_probs, log_probs_from_logits, response_logits
-from workers.base import Worker, release_free_memory
-from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
+from workers.base import release_free_memory
 from workers.strategies.loading import load_causal_lm
+from workers.training import TrainedWorker, loss_scale
 
 # A train step's freed activations are handed back to the OS at most this often: each release makes the next step
 # fault those pages in again (see release_free_memory).
 RELEASE_INTERVAL_S = 10.0
 
 NEEDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "advantages", "sample_mask")
-
-
-def loss_mask(batch: Batch) -> torch.Tensor:
-    """Response tokens of the samples in the loss (sample_mask 1)."""
-    return batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
-
-
-def global_normalizers(mask: torch.Tensor, modes: tuple[str, ...], world_size: int) -> list[float]:
-    """For each mode, the mini-batch's token (or response) count over all ranks, divided by the world size; one
-    all-reduce for all of them.
-
-    DeepSpeed averages gradients over ranks, so dividing each rank's sum by global_count / world_size makes the
-    averaged gradient that of the global mean.
-    """
-    counts = torch.tensor([batch_normalizer(mask, mode) for mode in modes], dtype=torch.float64)
-    if world_size > 1 and dist.is_initialized():
-        dist.all_reduce(counts)
-    return [float(c) / world_size for c in counts]
-
-
-def loss_scale(cfg: PipelineConfig) -> float:
-    """seq-mean-token-sum-norm's constant: loss_scale_factor, else the generation budget."""
-    return float(cfg.loss_scale_factor or cfg.actor_infer.generating_args.max_new_tokens)
 
 
 def policy_objective(
@@ -94,20 +70,19 @@ def policy_objective(
     return loss, parts
 
 
-class ActorTrainWorker(Worker):
-    def __init__(self, *, pipeline_config: PipelineConfig, total_optimizer_steps: int, **kwargs) -> None:
-        cfg = pipeline_config.actor_train
-        super().__init__(seed=pipeline_config.seed, torch_threads=cfg.torch_threads, **kwargs)
-        self.cfg = pipeline_config
-        self.section = cfg
-        self.total_optimizer_steps = total_optimizer_steps
-        self.strategy: DeepSpeedTrainStrategy | None = None
+class ActorTrainWorker(TrainedWorker):
+    metric_prefix = "actor"
 
-    def initialize(self) -> None:
-        if "MASTER_ADDR" not in os.environ:
-            self.set_distributed_env(*self.address())
-        model = load_causal_lm(self.section.model_args)
-        self.strategy = DeepSpeedTrainStrategy(self.section, model, self.total_optimizer_steps)
+    def __init__(self, *, pipeline_config: PipelineConfig, total_optimizer_steps: int, **kwargs) -> None:
+        super().__init__(
+            pipeline_config=pipeline_config,
+            section=pipeline_config.actor_train,
+            total_optimizer_steps=total_optimizer_steps,
+            **kwargs,
+        )
+
+    def model(self) -> nn.Module:
+        return load_causal_lm(self.section.model_args)
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="actor_train.compute_log_probs")
@@ -117,46 +92,34 @@ class ActorTrainWorker(Worker):
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over this rank's shard in mini-batches; returns averaged metrics."""
-        metrics = self._train_step(batch)
-        release_free_memory(RELEASE_INTERVAL_S)  # the step's activations and gradients are freed by now
-        return metrics
-
-    def _train_step(self, batch: Batch) -> dict[str, float]:
         own_old = self.cfg.update_gives_old_log_probs
         needs = (*NEEDS, *(() if own_old else ("old_log_probs",)), *(("ref_log_probs",) if self.cfg.use_kl_loss else ()))
         batch.require(*needs, where="actor_train.train_step")
-        ta = self.section.training_args
-        minibatch_size = ta.per_device_train_batch_size * ta.gradient_accumulation_steps
+        minibatch_size = self.section.training_args.minibatch_size
         if own_old and "old_log_probs" not in batch and len(batch) > minibatch_size:
             raise ValueError(
                 f"actor_train.train_step: {len(batch)} samples without old_log_probs, more than one mini-batch "
                 f"({minibatch_size}): only a batch trained in one optimizer step may take its own log-probs as old"
             )
-        module, temperature = self.strategy.module, self.cfg.actor_infer.generating_args.temperature
-        module.train()
-        entropy_grad = self.cfg.entropy_loss_coef != 0  # otherwise the entropy is only logged
-        sums: dict[str, float] = defaultdict(float)
-        n_minibatches = 0
-        for _ in range(self.cfg.ppo_epochs):
-            for minibatch in batch.split(minibatch_size):
-                modes = (self.cfg.loss_agg_mode, "token-mean")  # the loss's count, the diagnostics' count
-                norm, token_norm = global_normalizers(loss_mask(minibatch), modes, self.world_size)
-                for micro in minibatch.split(ta.per_device_train_batch_size):
-                    logits = response_logits(self.strategy.engine, micro)
-                    log_probs, entropy = log_probs_from_logits(
-                        logits, micro["response_ids"], temperature, with_entropy=True, entropy_grad=entropy_grad
-                    )
-                    if "old_log_probs" not in micro:  # one optimizer step: the policy now is the old one
-                        micro = micro.update({"old_log_probs": log_probs.detach()})
-                    loss, parts = policy_objective(log_probs, entropy, micro, self.cfg, norm, token_norm)
-                    self.strategy.backward(loss)
-                    self.strategy.step()
-                    for k, v in parts.items():
-                        sums[k] += float(v)
-                sums["grad_norm"] += self.strategy.grad_norm()
-                sums["lr"] += self.strategy.lr()
-                n_minibatches += 1
-        return {f"actor/{k}": v / n_minibatches for k, v in sums.items()}
+        metrics = self.train_loop(batch)
+        release_free_memory(RELEASE_INTERVAL_S)  # the step's activations and gradients are freed by now
+        return metrics
+
+    def objective(self, micro: Batch, norm: float, token_norm: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logits = response_logits(self.strategy.engine, micro)
+        log_probs, entropy = log_probs_from_logits(
+            logits,
+            micro["response_ids"],
+            self.cfg.actor_infer.generating_args.temperature,
+            with_entropy=True,
+            entropy_grad=self.cfg.entropy_loss_coef != 0,  # otherwise the entropy is only logged
+        )
+        if "old_log_probs" not in micro:  # one optimizer step: the policy now is the old one
+            micro = micro.update({"old_log_probs": log_probs.detach()})
+        return policy_objective(log_probs, entropy, micro, self.cfg, norm, token_norm)
+
+    def per_minibatch(self) -> dict[str, float]:
+        return super().per_minibatch() | {"lr": self.strategy.lr()}
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The full weights from rank 0. Under ZeRO-3 every rank must take part in gathering them, and the
@@ -174,7 +137,3 @@ class ActorTrainWorker(Worker):
             self.strategy.module.save_pretrained(os.path.join(path, "hf_model"), state_dict=weights)
         del weights
         release_free_memory()  # the save's buffers
-
-    def load_checkpoint(self, path: str) -> dict:
-        """Weights, optimizer and LR schedule states and RNG states, as `save_checkpoint` wrote them."""
-        return self.strategy.load(path)

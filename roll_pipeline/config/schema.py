@@ -61,6 +61,11 @@ class TrainingArgs:
         if self.adam_epsilon <= 0:
             yield "adam_epsilon", f"must be > 0, got {self.adam_epsilon}"
 
+    @property
+    def minibatch_size(self) -> int:
+        """Samples per optimizer step on one rank: per_device_train_batch_size * gradient_accumulation_steps."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
 
 @dataclass(frozen=True, kw_only=True)
 class GeneratingArgs:
@@ -194,6 +199,11 @@ class ActorTrainConfig(ClusterConfig):
         yield from super().validate()
         if self.strategy_args.strategy_name not in TRAIN_STRATEGIES:
             yield "strategy_args.strategy_name", f"must be one of {list(TRAIN_STRATEGIES)}"
+
+    @property
+    def samples_per_update(self) -> int:
+        """Samples per optimizer step over all ranks: the mini-batch size times world_size."""
+        return self.training_args.minibatch_size * self.world_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -613,6 +623,15 @@ class PipelineConfig:
             )
 
     @property
+    def samples_per_step(self) -> int:
+        """Responses per RL step: rollout_batch_size prompts times num_return_sequences_in_group."""
+        return self.rollout_batch_size * self.num_return_sequences_in_group
+
+    def optimizer_steps(self, section: ActorTrainConfig) -> int:
+        """Optimizer steps a trained section (actor_train, critic) takes over the whole run."""
+        return self.max_steps * self.ppo_epochs * (self.samples_per_step // section.samples_per_update)
+
+    @property
     def clip_range(self) -> tuple[float, float]:
         """(low, high): the policy ratio is kept in [1 - low, 1 + high]."""
         low = self.pg_clip if self.pg_clip_low is None else self.pg_clip_low
@@ -631,12 +650,9 @@ class PipelineConfig:
         penalty, no actor_infer log-probs to compare them with). Then the policy before the update is the one
         whose forward the update runs, so actor_train takes that forward's log-probs, detached, as the old ones
         (the ratio is exactly 1) and the separate log-prob pass over the batch is skipped."""
-        ta = self.actor_train.training_args
-        per_update = ta.per_device_train_batch_size * ta.gradient_accumulation_steps * self.actor_train.world_size
-        samples = self.rollout_batch_size * self.num_return_sequences_in_group
         return (
             self.ppo_epochs == 1
-            and samples <= per_update
+            and self.samples_per_step <= self.actor_train.samples_per_update
             and not self.add_token_level_kl
             and not self.needs_infer_log_probs
         )
@@ -679,13 +695,12 @@ class PipelineConfig:
                     )
 
     def _validate_batch_division(self) -> Iterator[tuple[str, str]]:
-        samples = self.rollout_batch_size * self.num_return_sequences_in_group
+        samples = self.samples_per_step
         for name in ("actor_train", "critic"):
             section = getattr(self, name)
             if section is None:
                 continue
-            ta = section.training_args
-            per_step = ta.per_device_train_batch_size * ta.gradient_accumulation_steps * section.world_size
+            per_step = section.samples_per_update
             if samples % per_step:
                 yield (
                     f"{name}.training_args",

@@ -101,16 +101,6 @@ class Cluster:
             getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards, strict=True)
         ]
 
-    def dispatch_items(self, method: str, items: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Like `dispatch` for a list: shards the list, concatenates the per-rank result lists in order."""
-        n = len(items)
-        bounds = [round(i * n / self.world_size) for i in range(self.world_size + 1)]
-        refs = [
-            getattr(w, method).remote(list(items[bounds[r] : bounds[r + 1]]), *args, **kwargs)
-            for r, w in enumerate(self.workers)
-        ]
-        return [x for part in ray.get(refs) for x in part]
-
     def init_process_group(self) -> None:
         """Point every rank at rank 0's address so torch.distributed can rendezvous there."""
         addr, port = self.call_rank0("address")

@@ -22,7 +22,7 @@ from roll_pipeline.algorithms.advantages import place_at_last_token, postprocess
 from roll_pipeline.algorithms.kl import kl_penalty_rewards
 from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
 from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
-from roll_pipeline.batch import Batch
+from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import PipelineConfig, ResolvedConfig
 from roll_pipeline.data.loading import fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
@@ -52,13 +52,6 @@ PENDING_ROLLOUT_FILE = "pending_rollout.pt"
 
 class WorkerDiedError(RuntimeError):
     """A worker that holds training state (actor_train, critic) died; the message says how to resume."""
-
-
-def total_optimizer_steps(cfg: PipelineConfig, section: Any) -> int:
-    ta = section.training_args
-    samples = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
-    per_update = ta.per_device_train_batch_size * ta.gradient_accumulation_steps * section.world_size
-    return cfg.max_steps * cfg.ppo_epochs * (samples // per_update)
 
 
 # The GCS keeps an event record of every task and actor call, 100,000 by default, for the dashboard and the state
@@ -208,7 +201,7 @@ class RLVRPipeline:
 
         self.actor_train = make(
             "actor_train", ActorTrainWorker, cfg.actor_train,
-            total_optimizer_steps=total_optimizer_steps(cfg, cfg.actor_train),
+            total_optimizer_steps=cfg.optimizer_steps(cfg.actor_train),
         )
         restarts = cfg.ray.worker_restarts
         self.actor_infer = make(
@@ -222,7 +215,7 @@ class RLVRPipeline:
             make("reference", ReferenceWorker, cfg.reference, restarts=restarts) if cfg.needs_reference else None
         )
         self.critic = (
-            make("critic", CriticWorker, cfg.critic, total_optimizer_steps=total_optimizer_steps(cfg, cfg.critic))
+            make("critic", CriticWorker, cfg.critic, total_optimizer_steps=cfg.optimizer_steps(cfg.critic))
             if needs_critic(cfg.adv_estimator)
             else None
         )
@@ -361,7 +354,7 @@ class RLVRPipeline:
         metrics = {"offpolicy/staleness": float(self.trained_version - generated_with)}
         if "infer_log_probs" not in batch:
             return batch, metrics
-        mask = batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
+        mask = loss_mask(batch)
         cap = self.cfg.infer_is_cap
         metrics |= offpolicy_metrics(batch["old_log_probs"], batch["infer_log_probs"], mask, cap)
         if cap is None:
@@ -401,7 +394,7 @@ class RLVRPipeline:
         )
         rewards = place_at_last_token(scores, batch["response_mask"])
         if cfg.add_token_level_kl:
-            mask = batch["response_mask"] * sample_mask.unsqueeze(-1)
+            mask = loss_mask(batch.update({"sample_mask": sample_mask}))
             coef = self.kl_ctrl.value
             rewards, kl = kl_penalty_rewards(
                 rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, coef, cfg.kl_penalty
@@ -422,7 +415,7 @@ class RLVRPipeline:
             gamma=self.cfg.gamma,
             lambd=self.cfg.lambd,
         )
-        mask = batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
+        mask = loss_mask(batch)
         advantages = postprocess_advantages(advantages, mask, self.cfg.whiten_advantages, self.cfg.advantage_clip)
         return batch.update({"advantages": advantages, "returns": returns})
 

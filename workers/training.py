@@ -1,0 +1,98 @@
+"""The training loop that actor_train and critic share: epochs over a step's batch, mini-batches (one optimizer
+step each), micro-batches (one forward and backward each, moved to the strategy's device). Each worker supplies
+only its objective: the loss of one micro-batch and the metrics it reports."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from roll_pipeline.algorithms import batch_normalizer
+from roll_pipeline.batch import Batch, loss_mask
+from roll_pipeline.config import PipelineConfig
+from workers.base import Worker
+from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
+
+
+def global_normalizers(mask: torch.Tensor, modes: tuple[str, ...], world_size: int) -> list[float]:
+    """For each mode, the mini-batch's token (or response) count over all ranks, divided by the world size; one
+    all-reduce for all of them.
+
+    DeepSpeed averages gradients over ranks, so dividing each rank's sum by global_count / world_size makes the
+    averaged gradient that of the global mean.
+    """
+    counts = torch.tensor([batch_normalizer(mask, mode) for mode in modes], dtype=torch.float64)
+    if world_size > 1 and dist.is_initialized():
+        dist.all_reduce(counts)
+    return [float(c) / world_size for c in counts]
+
+
+def loss_scale(cfg: PipelineConfig) -> float:
+    """seq-mean-token-sum-norm's constant: loss_scale_factor, else the generation budget."""
+    return float(cfg.loss_scale_factor or cfg.actor_infer.generating_args.max_new_tokens)
+
+
+class TrainedWorker(Worker):
+    """A worker whose model DeepSpeed trains (actor_train, critic): its set-up, the training loop, checkpoints.
+
+    A subclass gives `model()` (the model to train), `objective()` (one micro-batch's loss and metrics) and the
+    `metric_prefix`; `per_minibatch()` may add metrics read once per optimizer step."""
+
+    metric_prefix = ""
+
+    def __init__(self, *, pipeline_config: PipelineConfig, section, total_optimizer_steps: int, **kwargs) -> None:
+        super().__init__(seed=pipeline_config.seed, torch_threads=section.torch_threads, **kwargs)
+        self.cfg = pipeline_config
+        self.section = section
+        self.total_optimizer_steps = total_optimizer_steps
+        self.strategy: DeepSpeedTrainStrategy | None = None
+
+    def model(self) -> nn.Module:
+        raise NotImplementedError
+
+    def objective(self, micro: Batch, norm: float, token_norm: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one micro-batch (already divided by its mini-batch's normaliser `norm`) and its metrics
+        (`token_norm`: the mini-batch's token count, for token means)."""
+        raise NotImplementedError
+
+    def per_minibatch(self) -> dict[str, float]:
+        """Metrics read after each optimizer step."""
+        return {"grad_norm": self.strategy.grad_norm()}
+
+    def initialize(self) -> None:
+        if "MASTER_ADDR" not in os.environ:
+            self.set_distributed_env(*self.address())
+        self.strategy = DeepSpeedTrainStrategy(self.section, self.model(), self.total_optimizer_steps)
+
+    def train_loop(self, batch: Batch) -> dict[str, float]:
+        """`ppo_epochs` passes over the batch in mini-batches of `training_args.minibatch_size`; the metrics
+        averaged over the mini-batches, named `<metric_prefix>/<name>`."""
+        ta = self.section.training_args
+        self.strategy.module.train()
+        sums: dict[str, float] = defaultdict(float)
+        minibatches = 0
+        for _ in range(self.cfg.ppo_epochs):
+            for minibatch in batch.split(ta.minibatch_size):
+                modes = (self.cfg.loss_agg_mode, "token-mean")  # the loss's count, the diagnostics' count
+                norm, token_norm = global_normalizers(loss_mask(minibatch), modes, self.world_size)
+                for micro in minibatch.split(ta.per_device_train_batch_size):
+                    loss, parts = self.objective(micro.to(self.strategy.device), norm, token_norm)
+                    self.strategy.backward(loss)
+                    self.strategy.step()
+                    for k, v in parts.items():
+                        sums[k] += float(v)
+                for k, v in self.per_minibatch().items():
+                    sums[k] += v
+                minibatches += 1
+        return {f"{self.metric_prefix}/{k}": v / minibatches for k, v in sums.items()}
+
+    def save_checkpoint(self, path: str, client_state: dict) -> None:
+        self.strategy.save(path, client_state)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Weights, optimizer and LR schedule states and RNG states, as `save_checkpoint` wrote them."""
+        return self.strategy.load(path)
