@@ -94,3 +94,19 @@ def test_a_row_column_named_like_the_response_fails_the_data_check(tmp_path, tin
     (check,) = [c for c in preflight(config, dry_run=True) if c.name == "data.train_files"]
     assert not check.ok
     assert "qa_train.jsonl:1: field 'response': the reward contract passes the policy's response" in check.detail
+
+
+@pytest.mark.slow
+def test_roll_run_reads_and_tokenizes_its_data_once(tmp_path, tiny_model, mlflow_db, monkeypatch):
+    """The preflight checks load and encode every prompt; the run takes them from there instead of again."""
+    from roll_pipeline.data import loading
+
+    encoded = []
+    real = loading.encode_prompt
+    monkeypatch.setattr(loading, "encode_prompt", lambda tok, row, data: encoded.append(row["id"]) or real(tok, row, data))
+    config = write_qa_run(tmp_path, tiny_model, {})
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["run", config, f"output_dir={tmp_path / 'run'}", f"tracking.tracking_uri={mlflow_db(tmp_path / 'm.db')}"])
+    assert code == 0, printed.getvalue()[-4000:]
+    assert len(encoded) == 64 + 4 and len(set(encoded)) == 64 + 4

@@ -266,6 +266,22 @@ def fit_prompts(
     return out
 
 
+@dataclass(frozen=True)
+class RunData:
+    """A run's prompts, loaded, checked and tokenized once: the preflight checks make it and the run uses it."""
+
+    train: dict[str, DomainPrompts]
+    val: dict[str, DomainPrompts]
+
+    def dropped(self) -> dict[str, int]:
+        """`data/<domain>/<split>_prompts_dropped`: prompts left out as longer than data.prompt_length."""
+        return {
+            f"data/{d}/{split}_prompts_dropped": p.dropped
+            for split, prompts in (("train", self.train), ("val", self.val))
+            for d, p in prompts.items()
+        }
+
+
 def collate_prompts(token_lists: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded (B, P) ids and their mask, so every prompt ends where generation starts."""
     import torch

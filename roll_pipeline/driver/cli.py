@@ -22,9 +22,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         ok = run_checks(resolved, echo)
         echo("all checks passed" if ok else "some checks failed")
         return 0 if ok else EXIT_USAGE
-    from roll_pipeline.driver.preflight import preflight
+    from roll_pipeline.driver.preflight import preflight_with_data
 
-    failed = [c for c in preflight(resolved) if not c.ok]
+    checks, data = preflight_with_data(resolved)
+    failed = [c for c in checks if not c.ok]
     if failed:
         for c in failed:
             error(f"{c.name}: {c.detail}")
@@ -48,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             echo(f"starting {cfg.exp_name}: {cfg.max_steps} steps, domains {resolved.domain_shares}")
         else:
             echo(f"resuming {cfg.exp_name} from {checkpoint}")
-        pipeline.setup(resume_from=checkpoint)
+        pipeline.setup(resume_from=checkpoint, data=data)
         echo(f"MLflow run {pipeline.tracker.run_id} at {pipeline.tracker.uri}")
         with tqdm(
             total=cfg.max_steps, initial=pipeline.global_step, desc="rl steps", unit="step", dynamic_ncols=True

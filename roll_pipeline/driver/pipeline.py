@@ -24,7 +24,7 @@ from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_w
 from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
 from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import PipelineConfig, ResolvedConfig
-from roll_pipeline.data.loading import fit_prompts, load_domain_rows, require_rows
+from roll_pipeline.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.distributed.placement import DevicePool, plan_for
 from roll_pipeline.driver.checkpoint import (
@@ -63,6 +63,27 @@ class WorkerDiedError(RuntimeError):
 # processes at niceness 0 on 2 cores, DeepSpeed's first start (it compiles a C++ op) did not finish in 10 minutes.
 # The run's own cluster runs them at the driver's priority.
 LOCAL_RAY_SYSTEM_CONFIG = {"task_events_max_num_task_in_gcs": 2000, "worker_niceness": 0}
+
+
+def load_run_data(tokenizer: Any, cfg: PipelineConfig) -> RunData:
+    """The run's prompts, loaded and encoded before Ray starts, so that a prompt over data.prompt_length stops
+    the run in seconds."""
+    train_rows = load_domain_rows(cfg.data.train_files, cfg.rewards)
+    require_rows(train_rows, cfg.rewards, cfg.data.train_files)
+    val_rows = load_domain_rows(cfg.data.val_files, cfg.rewards) if cfg.data.val_files else {}
+    return RunData(
+        fit_prompts(tokenizer, train_rows, cfg.data, "train"), fit_prompts(tokenizer, val_rows, cfg.data, "val")
+    )
+
+
+def log_dropped(data: RunData, prompt_length: int) -> None:
+    """The warning `fit_prompts` gives for prompts left out, for data the preflight checks loaded quietly."""
+    for name, count in data.dropped().items():
+        if count:
+            logger.warning(
+                "data.on_long_prompt=drop: left out %d prompts longer than data.prompt_length=%d (%s)",
+                count, prompt_length, name,
+            )
 
 
 def worker_env(torch_threads: int) -> dict[str, str]:
@@ -154,9 +175,10 @@ class RLVRPipeline:
 
     # ------------------------------------------------------------------------------------------- set-up
 
-    def setup(self, resume_from: Path | None = None) -> None:
+    def setup(self, resume_from: Path | None = None, data: RunData | None = None) -> None:
         """Start every cluster and scheduler, and the MLflow run; with `resume_from` (a checkpoint folder), load
-        its state and go on in the MLflow run it names."""
+        its state and go on in the MLflow run it names. `data`: the prompts as the preflight checks loaded them
+        (`preflight_with_data`); without it they are loaded here."""
         from workers.actor_infer import ActorInferWorker
         from workers.actor_train import ActorTrainWorker
         from workers.critic import CriticWorker
@@ -165,17 +187,11 @@ class RLVRPipeline:
 
         cfg = self.cfg
         self.tokenizer = load_tokenizer(cfg.actor_infer.model_args)
-        train_rows = load_domain_rows(cfg.data.train_files, cfg.rewards)
-        require_rows(train_rows, cfg.rewards, cfg.data.train_files)
-        val_rows = load_domain_rows(cfg.data.val_files, cfg.rewards) if cfg.data.val_files else {}
-        # Encoded before Ray starts, so that a prompt over data.prompt_length stops the run in seconds.
-        train = fit_prompts(self.tokenizer, train_rows, cfg.data, "train")
-        val = fit_prompts(self.tokenizer, val_rows, cfg.data, "val")
-        dropped = {
-            f"data/{d}/{split}_prompts_dropped": p.dropped
-            for split, ps in (("train", train), ("val", val))
-            for d, p in ps.items()
-        }
+        if data is None:
+            data = load_run_data(self.tokenizer, cfg)
+        else:
+            log_dropped(data, cfg.data.prompt_length)
+        train, val, dropped = data.train, data.val, data.dropped()
         plan = plan_for(cfg)  # before Ray starts: a mapping that cannot be placed stops the run at once
         self.owns_ray = init_ray(cfg)
         self.device_pool = DevicePool.reserve(plan) if plan.slots else None

@@ -13,7 +13,9 @@ from pathlib import Path
 from roll_pipeline.config import ResolvedConfig
 from roll_pipeline.data.loading import (
     DataError,
+    DomainPrompts,
     RowCheck,
+    RunData,
     check_rows,
     fit_prompts,
     load_domain_rows,
@@ -113,6 +115,12 @@ def _model_checks(model_keys: dict[str, str]) -> dict[str, Check]:
 def preflight(resolved: ResolvedConfig, dry_run: bool = False) -> list[Check]:
     """Every check of a run. `dry_run`: what only a GPU cluster can provide (vLLM, its GPUs) is [skip] on a host
     without them; for a real run it fails here unless the run joins a Ray cluster (ray.address, RAY_ADDRESS)."""
+    return preflight_with_data(resolved, dry_run)[0]
+
+
+def preflight_with_data(resolved: ResolvedConfig, dry_run: bool = False) -> tuple[list[Check], RunData | None]:
+    """`preflight`'s checks, and the run's prompts as the checks loaded and tokenized them (None when a data
+    check failed or the tokenizer did not load), so that the run does not read and tokenize them again."""
     cfg = resolved.config
     checks: list[Check] = [Check("config", True, f"{resolved.config_path} is valid")]
     model_keys = {"pretrain": cfg.pretrain}
@@ -140,9 +148,11 @@ def preflight(resolved: ResolvedConfig, dry_run: bool = False) -> list[Check]:
         except Exception as exc:  # any loading failure is a finding to report, not a crash
             checks.append(Check("tokenizer", False, f"cannot load the tokenizer: {exc}"))
     row_checks = _row_checks(cfg)
+    prompts: dict[str, dict[str, DomainPrompts] | None] = {"train": None, "val": {}}
     for split, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files)):
         if not files:
             continue
+        prompts[split] = None
         try:
             routed = load_domain_rows(files, cfg.rewards)
             check_rows(routed, row_checks)
@@ -152,10 +162,8 @@ def preflight(resolved: ResolvedConfig, dry_run: bool = False) -> list[Check]:
                 f"{d}={len(r)}" for d, r in routed.items()
             )
             if tokenizer is not None:
-                dropped = {
-                    d: p.dropped
-                    for d, p in fit_prompts(tokenizer, routed, cfg.data, split, warn=False).items()
-                }
+                prompts[split] = fit_prompts(tokenizer, routed, cfg.data, split, warn=False)
+                dropped = {d: p.dropped for d, p in prompts[split].items()}
                 if any(dropped.values()):
                     counts = ", ".join(f"{d}={n}" for d, n in dropped.items())
                     detail += (
@@ -166,7 +174,9 @@ def preflight(resolved: ResolvedConfig, dry_run: bool = False) -> list[Check]:
             checks.append(Check(f"data.{split}_files", False, str(exc)))
     shares = ", ".join(f"{d}={n}" for d, n in resolved.domain_shares.items())
     checks.append(Check("domain shares", True, f"prompts per step: {shares}"))
-    return checks
+    train, val = prompts["train"], prompts["val"]
+    data = RunData(train, val) if train is not None and val is not None else None
+    return checks, data
 
 
 def _row_checks(cfg) -> dict[str, RowCheck]:
