@@ -171,7 +171,7 @@ def run_single(cases: list[Case]) -> tuple[float, list[bool]]:
 
 def run_pool(cases: list[Case], processes: int) -> tuple[float, float, list[bool | None]]:
     start = time.perf_counter()
-    with RewardWorker("bench", "math_rule", {}, timeout_s=30.0, num_threads=processes) as worker:
+    with RewardWorker("bench", "math_rule", {}, timeout_s=30.0, processes=processes) as worker:
         worker.score_batch(
             [{"response": "\\boxed{1}", "ground_truth": "1"}] * processes
         )  # every process is up

@@ -15,7 +15,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from workers.rewards.sandbox.isolation import SandboxSpec
-from workers.rewards.sandbox.pool import SandboxPool
+from workers.rewards.sandbox.prestarted import SandboxPool
 from workers.rewards.sandbox.process import EXITED, TIMEOUT, SandboxUnavailable
 
 

@@ -26,7 +26,7 @@ import pytest
 from workers.rewards.code_sandbox import CodeSandboxScorer
 from workers.rewards.sandbox.isolation import LOAD_HARNESS
 from workers.rewards.sandbox.layers import IsolationUnavailable
-from workers.rewards.sandbox.pool import SandboxPool
+from workers.rewards.sandbox.prestarted import SandboxPool
 from workers.rewards.sandbox.process import HARNESS_SOURCE, kill_orphaned_sandboxes
 
 MARKER = f"7{os.getpid() % 1000:03d}.4242"

@@ -284,3 +284,12 @@ def test_derived_batch_sizes_are_defined_once_on_the_config():
     assert cfg.actor_train.samples_per_update == 16
     assert cfg.optimizer_steps(cfg.actor_train) == 10 * 2 * (32 // 16)
     assert not cfg.update_gives_old_log_probs  # two epochs, two optimizer steps an epoch
+
+
+def test_the_old_name_num_threads_still_reads_with_a_warning(tmp_path):
+    old = {**BASE, "rewards": {**BASE["rewards"], "math": {**BASE["rewards"]["math"], "num_threads": 5}}}
+    with pytest.warns(FutureWarning, match=r"rewards\.math\.num_threads is deprecated .* rewards\.math\.num_processes"):
+        assert load(tmp_path, old).config.rewards["math"].num_processes == 5
+    both = {**BASE, "rewards": {**BASE["rewards"], "math": {**BASE["rewards"]["math"], "num_threads": 5, "num_processes": 3}}}
+    assert "rewards.math.num_threads: the old name of num_processes, which is set too" in error_of(tmp_path, both)
+    assert load(tmp_path, BASE).config.rewards["math"].num_processes == 2

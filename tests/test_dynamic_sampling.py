@@ -121,7 +121,7 @@ def scheduler(cfg, rows, infer, reward_spec="math_rule", reward_options=None, va
     reward = Cluster(
         "reward_math", RewardWorker, world_size=1, num_cpus=0, num_gpus=0, pass_rank=False,
         worker_kwargs={"domain": "math", "worker_spec": reward_spec, "options": reward_options or {},
-                       "timeout_s": 30.0, "num_threads": 1},
+                       "timeout_s": 30.0, "processes": 1},
     )
     actor = start_scheduler(
         "math",

@@ -453,7 +453,7 @@ def test_worker_masks_and_counts_garbage_and_unreachable_and_scores_the_rest(cap
     ]
     with StubJudge(behaviour) as stub, caplog.at_level(logging.WARNING, logger="workers.rewards.worker"):
         options = {"base_url": stub.url, "model": "stub", "max_retries": 1, **FAST_RETRY}
-        with RewardWorker("open", "llm_judge", options, timeout_s=20, num_threads=2) as worker:
+        with RewardWorker("open", "llm_judge", options, timeout_s=20, processes=2) as worker:
             records = worker.score_batch(samples)
             stats = worker.stats()
     assert [r.score for r in records] == [1.0, 0.0, None, None]
@@ -472,7 +472,7 @@ def test_worker_timeout_masks_a_judge_slower_than_the_sample_limit():
     with StubJudge(held) as stub:
         options = {"base_url": stub.url, "model": "stub", "request_timeout_s": 30.0}
         try:
-            with RewardWorker("open", "llm_judge", options, timeout_s=1.0, num_threads=1) as worker:
+            with RewardWorker("open", "llm_judge", options, timeout_s=1.0, processes=1) as worker:
                 records = worker.score_batch(_samples(1))
                 assert held.answered == 0, "the worker waited for the judge's reply"
         finally:
@@ -498,7 +498,7 @@ def test_concurrency_and_rate_limits_hold_across_scoring_processes():
 
     with StubJudge(held_until_two) as stub:
         options = {"base_url": stub.url, "model": "stub", "max_concurrency": 2}
-        with RewardWorker("open", "llm_judge", options, timeout_s=60, num_threads=4) as worker:
+        with RewardWorker("open", "llm_judge", options, timeout_s=60, processes=4) as worker:
             records = worker.score_batch(_samples(10))
     assert all(r.correct for r in records)
     assert stub.requests == 10
@@ -506,7 +506,7 @@ def test_concurrency_and_rate_limits_hold_across_scoring_processes():
 
     with StubJudge(_answer("Verdict: YES")) as stub:
         options = {"base_url": stub.url, "model": "stub", "requests_per_minute": 1}
-        with RewardWorker("open", "llm_judge", options, timeout_s=5, num_threads=3) as worker:
+        with RewardWorker("open", "llm_judge", options, timeout_s=5, processes=3) as worker:
             records = worker.score_batch(_samples(3))
     assert stub.requests == 1
     assert sorted(str(r.mask_reason) for r in records) == ["None", "timeout", "timeout"]
@@ -543,7 +543,7 @@ def test_tiny_judge_rewards_for_known_verdicts(tiny_judge_server):
         "max_tokens": 8,
         "template": TINY_JUDGE_TEMPLATE,
     }
-    with RewardWorker("open", "llm_judge", options, timeout_s=30, num_threads=2) as worker:
+    with RewardWorker("open", "llm_judge", options, timeout_s=30, processes=2) as worker:
         records = worker.score_batch(samples)
     assert not any(r.masked for r in records), records
     for record in records:
@@ -565,7 +565,7 @@ def test_judge_killed_mid_step_masks_the_rest_and_scoring_goes_on(tiny_model):
         **FAST_RETRY,
     }
     try:
-        with RewardWorker("open", "llm_judge", options, timeout_s=30, num_threads=2) as worker:
+        with RewardWorker("open", "llm_judge", options, timeout_s=30, processes=2) as worker:
             worker.score_batch(samples[:2])  # the processes are up and the judge answers
             result: dict = {}
             step = threading.Thread(target=lambda: result.update(records=worker.score_batch(samples)))

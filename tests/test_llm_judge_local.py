@@ -147,7 +147,7 @@ def judge_worker(local_ray, judge_model):
     worker = (
         ray.remote(RewardWorker)
         .options(num_cpus=1)
-        .remote("open", "llm_judge", _options("module-judge"), timeout_s=60.0, num_threads=8)
+        .remote("open", "llm_judge", _options("module-judge"), timeout_s=60.0, processes=8)
     )
     ray.get(worker.stats.remote(), timeout=300)  # built: the judge has loaded its model
     yield worker
@@ -184,7 +184,7 @@ def test_the_judge_actor_lives_as_long_as_its_reward_worker(local_ray, judge_mod
     worker = (
         ray.remote(RewardWorker)
         .options(num_cpus=1)
-        .remote("open", "llm_judge", _options("owned-judge"), timeout_s=60.0, num_threads=1)
+        .remote("open", "llm_judge", _options("owned-judge"), timeout_s=60.0, processes=1)
     )
     ray.get(worker.stats.remote(), timeout=300)
     judge = ray.get_actor("owned-judge")
@@ -222,7 +222,7 @@ def test_a_killed_judge_actor_masks_and_counts_samples_and_scoring_goes_on(local
     options = _options(
         "kill-judge", request_timeout_s=30.0, max_retries=1, **FAST_RETRY, actor={"max_batch_size": 4}
     )
-    with RewardWorker("open", "llm_judge", options, timeout_s=90, num_threads=2) as worker:
+    with RewardWorker("open", "llm_judge", options, timeout_s=90, processes=2) as worker:
         judge = ray.get_actor("kill-judge")
         assert not any(r.masked for r in worker.score_batch(samples[:2]))
 

@@ -54,7 +54,7 @@ def test_the_entry_point_names_the_plugin_and_its_package(plugin_installed, clea
 
 
 def test_the_plugin_scores_through_the_worker_by_its_entry_point_name(plugin_installed, clean_registry):
-    with RewardWorker("capitals", "exact_match_example", {"case_sensitive": False}, num_threads=1) as worker:
+    with RewardWorker("capitals", "exact_match_example", {"case_sensitive": False}, processes=1) as worker:
         results = worker.score_batch(
             [
                 {"response": " Paris. ", "ground_truth": "paris"},
@@ -143,7 +143,7 @@ def readme_module(tmp_path, monkeypatch):
 def test_readme_example_scores_through_the_worker_as_its_config_says(readme_module):
     (config_yaml,) = code_blocks(readme_module, "yaml")
     config = RewardConfig(**yaml.safe_load(config_yaml)["rewards"]["qa"])
-    with RewardWorker("qa", config.worker, config.options, num_threads=1) as worker:
+    with RewardWorker("qa", config.worker, config.options, processes=1) as worker:
         results = worker.score_batch(
             [
                 {"response": "Paris is the capital of France.", "ground_truth": "paris, france"},

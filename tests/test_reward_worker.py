@@ -135,7 +135,7 @@ def test_score_batch_keeps_order_and_passes_fields_and_options(make_worker):
 
 
 def test_scores_in_other_processes_than_the_callers(make_worker):
-    worker = make_worker("echo", ECHO, {}, num_threads=2)
+    worker = make_worker("echo", ECHO, {}, processes=2)
     used = pids(worker.score_batch([sample() for _ in range(8)]))
     assert os.getpid() not in used
     assert used <= set(worker._pool.pids())
@@ -153,7 +153,7 @@ def test_scores_in_other_processes_than_the_callers(make_worker):
     ],
 )
 def test_none_and_failures_are_masked_not_zero(make_worker, fields, reason):
-    worker = make_worker("echo", ECHO, {}, num_threads=1)
+    worker = make_worker("echo", ECHO, {}, processes=1)
     results = worker.score_batch([sample(), sample(**fields), sample("b", "a")])
     assert results[0].score == 1.0 and results[2].score == 0.0
     assert results[1] == ScoredSample(score=None, correct=None, mask_reason=reason)
@@ -161,7 +161,7 @@ def test_none_and_failures_are_masked_not_zero(make_worker, fields, reason):
 
 
 def test_a_crashed_process_is_replaced_and_the_pool_goes_on(make_worker):
-    worker = make_worker("echo", ECHO, {}, num_threads=1)
+    worker = make_worker("echo", ECHO, {}, processes=1)
     before = pids(worker.score_batch([sample()]))
     results = worker.score_batch([sample(mode="exit"), sample(), sample(mode="segfault"), sample()])
     assert [r.mask_reason for r in results] == ["crash", None, "crash", None]
@@ -181,7 +181,7 @@ def test_a_crashed_process_is_replaced_and_the_pool_goes_on(make_worker):
 
 
 def test_timeout_kills_the_process_masks_the_sample_and_the_rest_goes_on(make_worker, tmp_path):
-    worker = make_worker("echo", ECHO, {}, timeout_s=0.5, num_threads=1)
+    worker = make_worker("echo", ECHO, {}, timeout_s=0.5, processes=1)
     first = pids(worker.score_batch([sample()]))
     results = worker.score_batch([sample(mode="sleep", sleep_s=60.0, done_file=str(tmp_path / "slept")), sample("a", "a"), sample("b", "a")])
     assert not (tmp_path / "slept").exists(), "the batch waited for the hung sample"
@@ -195,19 +195,19 @@ def test_timeout_kills_the_process_masks_the_sample_and_the_rest_goes_on(make_wo
 def test_timeout_is_per_sample_running_time_not_queue_time(make_worker):
     """2 processes run 8 samples of 0.3 s in four waves (1.2 s); counted from submission, waves 3-4 would time
     out."""
-    worker = make_worker("echo", ECHO, {}, timeout_s=0.8, num_threads=2)
+    worker = make_worker("echo", ECHO, {}, timeout_s=0.8, processes=2)
     worker.score_batch([sample()])  # the processes are up
     results = worker.score_batch([sample(mode="sleep", sleep_s=0.3) for _ in range(8)])
     assert not any(r.masked for r in results)
 
 
-def test_scores_concurrently_up_to_num_threads(make_worker, tmp_path):
+def test_scores_concurrently_up_to_processes(make_worker, tmp_path):
     """Six samples that each wait until three run at once: they meet in two waves of three on three processes,
     and never four run at once. Events, not durations: a slow machine only makes them wait longer."""
-    worker = make_worker("echo", ECHO, {}, num_threads=3)
+    worker = make_worker("echo", ECHO, {}, processes=3)
     results = worker.score_batch([sample(mode="rendezvous", folder=str(tmp_path), need=3) for _ in range(6)])
     assert [r.metrics.get("met") for r in results] == [1.0] * 6, ("three samples never ran at once", results)
-    assert max(r.metrics["most"] for r in results) == 3, "more than num_threads samples ran at once"
+    assert max(r.metrics["most"] for r in results) == 3, "more than `processes` samples ran at once"
     assert len(pids(results)) == 3
 
 
@@ -218,7 +218,7 @@ def test_an_interrupted_batch_leaves_no_stale_work_behind(make_worker, tmp_path)
     # (2026-11-23) SIGINT twice failed to interrupt the batch here, while the file alone passes.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     slept = tmp_path / "slept"  # written when the interrupted sample's sleep ends
-    worker = make_worker("echo", ECHO, {}, num_threads=2)
+    worker = make_worker("echo", ECHO, {}, processes=2)
     worker.score_batch([sample(), sample()])
     interrupt = threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     interrupt.start()
@@ -240,7 +240,7 @@ def test_an_interrupted_batch_leaves_no_stale_work_behind(make_worker, tmp_path)
 
 
 def test_pathological_math_is_cut_at_the_timeout_and_the_worker_keeps_serving(make_worker):
-    worker = make_worker("math", "math_rule", {}, timeout_s=2.0, num_threads=2)
+    worker = make_worker("math", "math_rule", {}, timeout_s=2.0, processes=2)
     nested = "\\frac{1}{" * 60 + "2" + "}" * 60
     results = worker.score_batch(
         [
@@ -261,7 +261,7 @@ import os, signal, sys, threading
 from workers.rewards.worker import RewardWorker
 
 if __name__ == "__main__":
-    worker = RewardWorker("echo", "tests.test_reward_worker:EchoScorer", {}, timeout_s=600, num_threads=1)
+    worker = RewardWorker("echo", "tests.test_reward_worker:EchoScorer", {}, timeout_s=600, processes=1)
     worker.score_batch([{"response": "a", "ground_truth": "a"}])
     print(*worker._pool.pids(), flush=True)
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
@@ -333,7 +333,7 @@ def test_a_scorer_class_that_cannot_be_imported_is_refused_at_construction(clean
 
 
 def test_closed_worker_refuses_work_and_its_processes_are_gone(make_worker):
-    worker = make_worker("echo", ECHO, {}, num_threads=2)
+    worker = make_worker("echo", ECHO, {}, processes=2)
     worker.score_batch([sample()])
     children = list(worker._pool._children)
     worker.close()
@@ -343,18 +343,18 @@ def test_closed_worker_refuses_work_and_its_processes_are_gone(make_worker):
 
 
 def test_bad_arguments():
-    with RewardWorker("echo", ECHO, {}, num_threads=1) as worker, pytest.raises(KeyError, match="ground_tr"):
+    with RewardWorker("echo", ECHO, {}, processes=1) as worker, pytest.raises(KeyError, match="ground_tr"):
         worker.score_batch([{"response": "a"}])
     with pytest.raises(ValueError, match="timeout_s"):
         RewardWorker("echo", ECHO, {}, timeout_s=0)
-    with pytest.raises(ValueError, match="num_threads"):
-        RewardWorker("echo", ECHO, {}, num_threads=0)
+    with pytest.raises(ValueError, match="processes must be at least 1"):
+        RewardWorker("echo", ECHO, {}, processes=0)
     with pytest.raises(TypeError, match="bonsu"):
         RewardWorker("echo", ECHO, {"bonsu": 1.0})
 
 
 def test_domain_metrics(make_worker):
-    worker = make_worker("math", ECHO, {}, num_threads=1)
+    worker = make_worker("math", ECHO, {}, processes=1)
     results = worker.score_batch(
         [
             sample("a", "a"),

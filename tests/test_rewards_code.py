@@ -25,7 +25,9 @@ from workers.rewards.sandbox.formats import (
     extract_code,
     parse_test_cases,
 )
-from workers.rewards.sandbox.judge import (
+from workers.rewards.sandbox.layers import LAYERS, IsolationUnavailable
+from workers.rewards.sandbox.process import EXITED, TIMEOUT, RunOutput
+from workers.rewards.sandbox.verdicts import (
     UnsupportedTest,
     error_kind,
     judge_calls,
@@ -35,8 +37,6 @@ from workers.rewards.sandbox.judge import (
     stdout_matches,
     values_match,
 )
-from workers.rewards.sandbox.layers import LAYERS, IsolationUnavailable
-from workers.rewards.sandbox.process import EXITED, TIMEOUT, RunOutput
 
 TASKS = [json.loads(line) for line in (Path(__file__).parent / "fixtures" / "code_tasks.jsonl").open()]
 SQUARE_TESTS = json.dumps(

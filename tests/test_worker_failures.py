@@ -57,7 +57,7 @@ def write_config(tmp_path: Path, tiny_model: Path, marks: Path, tracking_uri: st
             "math": {
                 "worker": "tests.test_worker_failures:SlowMathScorer",
                 "tag_included": ["add"],
-                "num_threads": 2,
+                "num_processes": 2,
                 "options": {"mark_dir": str(marks), "sleep_s": 0.05},
             }
         },

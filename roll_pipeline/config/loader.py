@@ -14,6 +14,7 @@ import difflib
 import re
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,38 @@ def _as_float(value: Any) -> Any:
     return value
 
 
+#: Keys of a rewards.<domain> block that were renamed: the old name is still read, with a FutureWarning.
+RENAMED_REWARD_KEYS = {"num_threads": "num_processes"}
+
+
+def _renamed_keys(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` with each renamed key under its new name (a FutureWarning names both); both names at once is an
+    error."""
+    rewards = data.get("rewards")
+    if not isinstance(rewards, Mapping) or not any(
+        isinstance(block, Mapping) and set(block) & set(RENAMED_REWARD_KEYS) for block in rewards.values()
+    ):
+        return data
+    renamed = {}
+    for domain, block in rewards.items():
+        if isinstance(block, Mapping):
+            block = dict(block)
+            for old, new in RENAMED_REWARD_KEYS.items():
+                if old not in block:
+                    continue
+                if new in block:
+                    raise ConfigError(f"rewards.{domain}.{old}: the old name of {new}, which is set too; keep only {new}")
+                warnings.warn(
+                    f"rewards.{domain}.{old} is deprecated (it counts processes, not threads): write "
+                    f"rewards.{domain}.{new}",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                block[new] = block.pop(old)
+        renamed[domain] = block
+    return {**data, "rewards": renamed}
+
+
 Check = Callable[[PipelineConfig], Iterable[tuple[str, str]]]
 """More (key path, message) findings on a built config, from outside the core (roll_pipeline/driver/names.py)."""
 
@@ -171,6 +204,7 @@ def from_dict(data: Mapping[str, Any], checks: Sequence[Check] = ()) -> Pipeline
     (the schema's, and those of `checks`)."""
     if not isinstance(data, Mapping):
         raise ConfigError("the config must be a YAML mapping at the top level")
+    data = _renamed_keys(data)
     unknown = list(_unknown_keys(PipelineConfig, data, ""))
     if unknown:
         raise ConfigError("\n".join(unknown))
@@ -290,7 +324,10 @@ def _looks_like_hub_id(value: str) -> bool:
     return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", value))
 
 
-def resolve_model_path(value: str, base: Path) -> str:
+def model_reference(value: str, base: Path) -> str:
+    """A config's model value as a run uses it: an absolute folder path (relative ones from the config's folder),
+    or, for `org/name` where no such folder exists, the hub id unchanged. (`roll serve` and the local judge find
+    the weights in a folder or a run's checkpoint: roll_pipeline/serve/model_path.py, `resolve_model_path`.)"""
     local = Path(value).expanduser()
     if not local.is_absolute():
         local = base / local
@@ -302,13 +339,13 @@ def resolve_model_path(value: str, base: Path) -> str:
 def resolve(cfg: PipelineConfig, config_path: str | Path) -> ResolvedConfig:
     """Fill in derived values: model paths default to `pretrain`; input paths become absolute."""
     base = Path(config_path).resolve().parent
-    pretrain = resolve_model_path(cfg.pretrain, base)
+    pretrain = model_reference(cfg.pretrain, base)
 
     def with_model(section: Any) -> Any:
         if section is None:
             return None
         name = section.model_args.model_name_or_path
-        path = pretrain if name is None else resolve_model_path(name, base)
+        path = pretrain if name is None else model_reference(name, base)
         return dataclasses.replace(
             section, model_args=dataclasses.replace(section.model_args, model_name_or_path=path)
         )

@@ -250,7 +250,9 @@ class RewardConfig:
     num_cpus_per_worker: float = 1.0
     timeout_s: float = 30.0
     """Per-sample scoring time limit; a sample that runs past it is masked, never scored 0."""
-    num_threads: int = 2
+    num_processes: int = 2
+    """Samples scored at once, each in its own process of the worker's pool (the old name `num_threads` is still
+    read, with a warning)."""
     group_filters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     """Dynamic sampling: named group filters (schedulers/filters.py) with their parameters, applied in order; a
     dropped group's slot goes to a fresh prompt. `{std_filter: {}}` is DAPO's rule (drop groups whose rewards

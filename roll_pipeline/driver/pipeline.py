@@ -286,7 +286,7 @@ class RLVRPipeline:
                 "worker_spec": r.worker,
                 "options": r.options,
                 "timeout_s": r.timeout_s,
-                "num_threads": r.num_threads,
+                "processes": r.num_processes,
             },
             env_vars=worker_env(1),
             pass_rank=False,

@@ -91,7 +91,7 @@ def cmd_rewards_score(args: argparse.Namespace) -> int:
                              "as --field question=TEXT")
         if args.timeout_s <= 0:
             raise UsageError(f"--timeout-s must be positive, got {args.timeout_s}")
-        worker = RewardWorker("cli", args.worker, options, timeout_s=args.timeout_s, num_threads=1)
+        worker = RewardWorker("cli", args.worker, options, timeout_s=args.timeout_s, processes=1)
     except (UsageError, ValueError, TypeError) as err:
         error(str(err))
         return EXIT_USAGE

@@ -3,8 +3,8 @@
 The pieces live in ``workers/rewards/sandbox/``: ``formats`` (the ``test_cases`` schema), ``harness`` (the code
 that runs inside), ``checker`` + ``relay`` (assert-style and ``check(candidate)`` tests, run in a sandbox of their
 own against the program's), ``isolation`` + ``layers`` (bubblewrap, limits, and the start-up check of what works on
-this host), ``process`` + ``pool`` (pre-started local sandboxes), ``remote`` (a SandboxFusion-compatible service)
-and ``judge`` (verdicts from reported data). README "Code sandbox" has the
+this host), ``process`` + ``prestarted`` (pre-started local sandboxes), ``remote`` (a SandboxFusion-compatible service)
+and ``verdicts`` (verdicts from reported data). README "Code sandbox" has the
 whole story, including what each hostile program in the regression suite tries.
 
 Reward: the fraction of tests passed (``reward_mode: fraction``) or 1/0 (``all_or_nothing``). Metrics:
@@ -41,7 +41,12 @@ from workers.rewards.sandbox.isolation import (
     find_bwrap,
     sandbox_identity,
 )
-from workers.rewards.sandbox.judge import (
+from workers.rewards.sandbox.layers import LAYERS, LayerReport, probe_layers, require_layers
+from workers.rewards.sandbox.prestarted import SandboxPool
+from workers.rewards.sandbox.process import HARNESS_SOURCE, TIMEOUT, RunOutput, kill_orphaned_sandboxes
+from workers.rewards.sandbox.remote import SandboxFusionClient
+from workers.rewards.sandbox.seccomp import compiled_filter
+from workers.rewards.sandbox.verdicts import (
     FAILURE_KINDS,
     PASSED,
     UnsupportedTest,
@@ -49,11 +54,6 @@ from workers.rewards.sandbox.judge import (
     judge_checked,
     judge_stdio,
 )
-from workers.rewards.sandbox.layers import LAYERS, LayerReport, probe_layers, require_layers
-from workers.rewards.sandbox.pool import SandboxPool
-from workers.rewards.sandbox.process import HARNESS_SOURCE, TIMEOUT, RunOutput, kill_orphaned_sandboxes
-from workers.rewards.sandbox.remote import SandboxFusionClient
-from workers.rewards.sandbox.seccomp import compiled_filter
 
 logger = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ class RewardWorker:
 
     ``worker_spec`` is a registered name (``math_rule``, ``code_sandbox``), an entry-point name, or a
     ``package.module:Class`` path; ``options`` are the scorer's options (``rewards.<domain>.options``),
-    checked here by building the scorer once. ``num_threads`` is the number of samples scored at once, each in
-    its own process of the worker's pool (the name is kept from when they were threads); the processes start
+    checked here by building the scorer once. ``processes`` is the number of samples scored at once, each in
+    its own process of the worker's pool; the processes start
     in the background when the worker is built. ``start_timeout_s`` bounds a scoring process's start-up.
     """
 
@@ -45,13 +45,13 @@ class RewardWorker:
         worker_spec: str,
         options: dict,
         timeout_s: float = 30.0,
-        num_threads: int = 2,
+        processes: int = 2,
         start_timeout_s: float = 120.0,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"reward worker timeout_s must be positive, got {timeout_s!r}")
-        if num_threads < 1:
-            raise ValueError(f"reward worker num_threads must be at least 1, got {num_threads!r}")
+        if processes < 1:
+            raise ValueError(f"reward worker processes must be at least 1, got {processes!r}")
         self.domain = domain
         self.timeout_s = timeout_s
         scorer_cls = get_reward_scorer_cls(worker_spec)
@@ -62,7 +62,7 @@ class RewardWorker:
         self._pool = ScoringPool(
             scorer_cls,
             options,
-            size=num_threads,
+            size=processes,
             timeout_s=timeout_s,
             name=f"reward-{domain}",
             start_timeout_s=start_timeout_s,

@@ -16,7 +16,7 @@ Where each piece runs, and why:
 
 Why a relay rather than scoring processes that join Ray (``ray.init(address="auto")`` in each one): a process
 that joins Ray becomes a Ray driver (a job) of its own, with its own connections to the cluster, and the pool
-starts one per ``num_threads`` and another after every timeout; ``"auto"`` picks the cluster started last on
+starts one per ``num_processes`` and another after every timeout; ``"auto"`` picks the cluster started last on
 the machine when several run (Ray's own rule), which need not be this run's; and a judge actor created by a
 scoring process would be owned by it and die when the pool kills that process at a sample's timeout (or,
 detached, outlive the run). Through the

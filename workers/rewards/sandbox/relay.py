@@ -22,8 +22,8 @@ import signal
 import time
 from pathlib import Path
 
-from workers.rewards.sandbox.judge import MEMORY_LIMIT, RUNTIME_ERROR, module_failure
 from workers.rewards.sandbox.process import OUTPUT_LIMIT, TIMEOUT, Sandbox, job_message
+from workers.rewards.sandbox.verdicts import MEMORY_LIMIT, RUNTIME_ERROR, module_failure
 
 logger = logging.getLogger(__name__)
 
