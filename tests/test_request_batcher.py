@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from workers.request_batcher import Request, RequestBatcher
+from workers.inference.request_batcher import Request, RequestBatcher
 
 
 class Recorder:

@@ -18,10 +18,10 @@ import torch
 
 from roll_pipeline.driver.cli import main
 from roll_pipeline.serve.commands import vllm_command
-from roll_pipeline.serve.engine import Engine, SamplingParams
-from roll_pipeline.serve.model_path import ModelPathError, ServedModel, resolve_model_path
 from tests.conftest import TINY_MODEL, wait_for
 from tests.judge_servers import ServeProcess
+from workers.inference.engine import Engine, SamplingParams
+from workers.inference.model_path import ModelPathError, ServedModel, resolve_model_path
 
 MATH = [{"role": "user", "content": "What is 12 + 45?"}]
 CODE = [{"role": "user", "content": "Write a Python function `f(x)` that returns x plus 3."}]

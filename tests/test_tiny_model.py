@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from roll_pipeline.models.embedded import EMBEDDED_MODELS, build_problems, known_build
+from roll_pipeline.models.build import build_problems
+from roll_pipeline.models.embedded import EMBEDDED_MODELS, known_build
 from roll_pipeline.models.tiny import BUILD_INFO, build_tiny_model, weights_sha256
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from roll_pipeline.batch import Batch
 from roll_pipeline.config import GeneratingArgs, PipelineConfig
 from roll_pipeline.data.loading import collate_prompts
 from workers.base import Worker, load_rng_states, release_free_memory, rng_states
-from workers.request_batcher import Request, RequestBatcher
+from workers.inference.request_batcher import Request, RequestBatcher
 
 
 class StaleWeightsError(RuntimeError):

@@ -327,7 +327,7 @@ def _looks_like_hub_id(value: str) -> bool:
 def model_reference(value: str, base: Path) -> str:
     """A config's model value as a run uses it: an absolute folder path (relative ones from the config's folder),
     or, for `org/name` where no such folder exists, the hub id unchanged. (`roll serve` and the local judge find
-    the weights in a folder or a run's checkpoint: roll_pipeline/serve/model_path.py, `resolve_model_path`.)"""
+    the weights in a folder or a run's checkpoint: workers/inference/model_path.py, `resolve_model_path`.)"""
     local = Path(value).expanduser()
     if not local.is_absolute():
         local = base / local

@@ -106,12 +106,8 @@ def cmd_model_build_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_model_build(args: argparse.Namespace) -> int:
-    from roll_pipeline.models.embedded import (
-        EMBEDDED_MODELS,
-        build_embedded_model,
-        build_problems,
-        known_build,
-    )
+    from roll_pipeline.models.build import build_embedded_model, build_problems
+    from roll_pipeline.models.embedded import EMBEDDED_MODELS, known_build
     from roll_pipeline.models.tiny import weights_sha256
 
     unknown = [name for name in args.names if name not in EMBEDDED_MODELS]

@@ -2,12 +2,12 @@
 
 Every example that needs one of them names it by folder (`pretrain: ./models/tiny-qwen2-multi`), and
 `roll model build NAME` builds exactly that one, so an error about a missing model can name the command that
-builds that model and no other.
+builds that model and no other. This module is the catalog (plain data, imported by the core and by the inference
+layer for `build_hint`); roll_pipeline/models/build.py builds and checks a model.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,28 +74,6 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
 }
 
 
-def build_problems(name: str, model_dir: Path) -> list[str]:
-    """What makes the build in `model_dir` an unsound build of `name`: its own figures (build_info.json, and the
-    judge's judge_eval.json) beyond the model's bounds; [] for a sound build."""
-    from roll_pipeline.models.tiny import BUILD_INFO
-    from roll_pipeline.models.tiny_judge import JUDGE_EVAL
-
-    model = EMBEDDED_MODELS[name]
-    info = json.loads((Path(model_dir) / BUILD_INFO).read_text())
-    problems = []
-    if info["heldout_greedy_accuracy"] < model.min_heldout_accuracy:
-        problems.append(f"held-out accuracy {info['heldout_greedy_accuracy']} < {model.min_heldout_accuracy}")
-    if info["final_loss"] > model.max_final_loss:
-        problems.append(f"final loss {info['final_loss']} > {model.max_final_loss}")
-    if model.judge:
-        verdicts = json.loads((Path(model_dir) / JUDGE_EVAL).read_text())
-        if verdicts["verdict_accuracy"] < model.min_verdict_accuracy:
-            problems.append(f"verdict accuracy {verdicts['verdict_accuracy']} < {model.min_verdict_accuracy}")
-        if verdicts["unparseable"]:
-            problems.append(f"{verdicts['unparseable']} unparseable verdicts")
-    return problems
-
-
 def known_build(name: str, weights_sha256: str) -> str | None:
     """Where the build of `name` with these weights was seen, or None for a build not seen before."""
     return dict(EMBEDDED_MODELS[name].known_builds).get(weights_sha256)
@@ -111,21 +89,3 @@ def build_hint(path: str | Path) -> str | None:
     if name not in EMBEDDED_MODELS:
         return None
     return f"build it with `{build_command(name)}` from the repository root"
-
-
-def build_embedded_model(name: str, models_dir: Path = MODELS_DIR, data_dir: Path = DATA_DIR,
-                         seed: int = 0) -> Path:
-    """Build (or reuse, when up to date) the embedded model `name` in `models_dir/name`."""
-    model = EMBEDDED_MODELS[name]
-    files = [data_dir / file for file in model.train_files]
-    missing = [str(file) for file in files if not file.exists()]
-    if missing:
-        raise FileNotFoundError(f"training data of {name} not found: {', '.join(missing)} "
-                                "(run `roll model build` from the repository root, where examples/data holds it)")
-    if model.judge:
-        from roll_pipeline.models.tiny_judge import build_tiny_judge
-
-        return build_tiny_judge(models_dir / name, files, seed=seed)
-    from roll_pipeline.models.tiny import build_tiny_model
-
-    return build_tiny_model(models_dir / name, files, seed=seed)

@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from roll_pipeline.serve.engine import Choice, Engine, SamplingParams
+from workers.inference.engine import Choice, Engine, SamplingParams
 
 logger = logging.getLogger(__name__)
 

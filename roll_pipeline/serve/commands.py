@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from roll_pipeline.console import EXIT_USAGE, echo, error
-from roll_pipeline.serve.model_path import ServedModel
+from workers.inference.model_path import ServedModel
 
 DEFAULT_JUDGE_OUT = "examples/models/tiny-qwen2-judge"
 DEFAULT_JUDGE_TRAIN_FILES = ["examples/data/judge_train.jsonl"]
@@ -72,7 +72,7 @@ def _exec_vllm(args: argparse.Namespace, served: ServedModel, name: str, api_key
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from roll_pipeline.serve.model_path import ModelPathError, resolve_model_path
+    from workers.inference.model_path import ModelPathError, resolve_model_path
 
     try:
         served = resolve_model_path(args.model_path, args.tokenizer)
@@ -91,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from roll_pipeline.serve.app import create_app
-    from roll_pipeline.serve.engine import Engine
+    from workers.inference.engine import Engine
 
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)

@@ -3,7 +3,7 @@
 
 Where each piece runs, and why:
 
-- **The judge actor** (``JudgeActor``) holds one ``roll_pipeline.serve.engine.Engine``. It is a threaded actor:
+- **The judge actor** (``JudgeActor``) holds one ``workers.inference.engine.Engine``. It is a threaded actor:
   every call waits in its own thread for the engine, whose batcher joins the requests waiting at a moment into
   one ``generate`` call, so samples judged at the same time are judged in one batch.
 - **The relay** (``JudgeRelay``) runs in the reward worker's own process, which is connected to Ray (the
@@ -113,7 +113,7 @@ class LocalJudgeSpec:
     @classmethod
     def from_options(cls, model_path: object, actor: object) -> LocalJudgeSpec:
         """Check the scorer's ``model_path`` and ``actor`` options; raises ``ValueError`` naming the problem."""
-        from roll_pipeline.serve.model_path import resolve_model_path
+        from workers.inference.model_path import resolve_model_path
 
         if not model_path or not isinstance(model_path, str):
             raise ValueError(
@@ -180,8 +180,8 @@ class JudgeActor:
     def __init__(self, model_path: str, dtype: str, max_batch_size: int, torch_threads: int) -> None:
         import torch
 
-        from roll_pipeline.serve.engine import Engine
-        from roll_pipeline.serve.model_path import resolve_model_path
+        from workers.inference.engine import Engine
+        from workers.inference.model_path import resolve_model_path
 
         torch.set_num_threads(torch_threads)
         self.engine = Engine(resolve_model_path(model_path), dtype=dtype, max_batch_sequences=max_batch_size)
@@ -201,7 +201,7 @@ class JudgeActor:
         Raises ``PromptRejected`` for a prompt that leaves no room in the context, ``JudgeBusy`` when the reply
         takes longer than ``timeout_s`` (the request is then dropped from the engine).
         """
-        from roll_pipeline.serve.engine import SamplingParams
+        from workers.inference.engine import SamplingParams
 
         ids = self.engine.chat_prompt(messages)
         budget = max_tokens

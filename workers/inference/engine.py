@@ -30,8 +30,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from roll_pipeline.config import ClusterConfig, GeneratingArgs, ModelArgs
 from roll_pipeline.data.loading import collate_prompts
-from roll_pipeline.serve.model_path import CONFIG_FILE, ServedModel
-from workers.request_batcher import Request, RequestBatcher
+from workers.inference.model_path import CONFIG_FILE, ServedModel
+from workers.inference.request_batcher import Request, RequestBatcher
 
 logger = logging.getLogger(__name__)
 

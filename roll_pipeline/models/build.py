@@ -1,0 +1,48 @@
+"""Building an embedded model (`roll model build NAME`) and judging whether a build is sound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from roll_pipeline.models.embedded import DATA_DIR, EMBEDDED_MODELS, MODELS_DIR
+
+
+def build_problems(name: str, model_dir: Path) -> list[str]:
+    """What makes the build in `model_dir` an unsound build of `name`: its own figures (build_info.json, and the
+    judge's judge_eval.json) beyond the model's bounds; [] for a sound build."""
+    from roll_pipeline.models.tiny import BUILD_INFO
+    from roll_pipeline.models.tiny_judge import JUDGE_EVAL
+
+    model = EMBEDDED_MODELS[name]
+    info = json.loads((Path(model_dir) / BUILD_INFO).read_text())
+    problems = []
+    if info["heldout_greedy_accuracy"] < model.min_heldout_accuracy:
+        problems.append(f"held-out accuracy {info['heldout_greedy_accuracy']} < {model.min_heldout_accuracy}")
+    if info["final_loss"] > model.max_final_loss:
+        problems.append(f"final loss {info['final_loss']} > {model.max_final_loss}")
+    if model.judge:
+        verdicts = json.loads((Path(model_dir) / JUDGE_EVAL).read_text())
+        if verdicts["verdict_accuracy"] < model.min_verdict_accuracy:
+            problems.append(f"verdict accuracy {verdicts['verdict_accuracy']} < {model.min_verdict_accuracy}")
+        if verdicts["unparseable"]:
+            problems.append(f"{verdicts['unparseable']} unparseable verdicts")
+    return problems
+
+
+def build_embedded_model(name: str, models_dir: Path = MODELS_DIR, data_dir: Path = DATA_DIR,
+                         seed: int = 0) -> Path:
+    """Build (or reuse, when up to date) the embedded model `name` in `models_dir/name`."""
+    model = EMBEDDED_MODELS[name]
+    files = [data_dir / file for file in model.train_files]
+    missing = [str(file) for file in files if not file.exists()]
+    if missing:
+        raise FileNotFoundError(f"training data of {name} not found: {', '.join(missing)} "
+                                "(run `roll model build` from the repository root, where examples/data holds it)")
+    if model.judge:
+        from roll_pipeline.models.tiny_judge import build_tiny_judge
+
+        return build_tiny_judge(models_dir / name, files, seed=seed)
+    from roll_pipeline.models.tiny import build_tiny_model
+
+    return build_tiny_model(models_dir / name, files, seed=seed)
