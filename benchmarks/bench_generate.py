@@ -159,7 +159,7 @@ def measure(repeats: int = 3, calls: int = 3, quick: bool = False, log=print) ->
     import ray
 
     from roll_pipeline.distributed.cluster import Cluster
-    from roll_pipeline.driver.pipeline import worker_env
+    from roll_pipeline.driver.runtime import worker_env
     from workers.actor_infer import ActorInferWorker
 
     start_wall = time.perf_counter()

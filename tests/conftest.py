@@ -49,7 +49,7 @@ def local_ray():
     its own)."""
     import ray
 
-    from roll_pipeline.driver.pipeline import start_local_ray
+    from roll_pipeline.driver.runtime import start_local_ray
 
     start_local_ray(4, log_to_driver=False)
     yield

@@ -12,7 +12,7 @@ import pytest
 import ray
 
 from roll_pipeline.data.synthetic import TINY_JUDGE_TEMPLATE
-from roll_pipeline.driver.pipeline import start_local_ray
+from roll_pipeline.driver.runtime import start_local_ray
 from tests.conftest import EXAMPLES
 from tests.judge_servers import assert_judges_own_verdicts
 from workers.rewards.judge.errors import JudgeUnreachable

@@ -10,7 +10,8 @@ import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
 from roll_pipeline.config import load_config
-from roll_pipeline.driver.pipeline import LOCAL_RAY_SYSTEM_CONFIG, RLVRPipeline, start_local_ray
+from roll_pipeline.driver.pipeline import RLVRPipeline
+from roll_pipeline.driver.runtime import LOCAL_RAY_SYSTEM_CONFIG, start_local_ray
 from tests.conftest import EXAMPLES
 from tests.test_pipeline_integration import SMALL
 

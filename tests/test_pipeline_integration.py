@@ -11,7 +11,8 @@ import ray
 import torch
 
 from roll_pipeline.config import load_config
-from roll_pipeline.driver.pipeline import RLVRPipeline, start_local_ray
+from roll_pipeline.driver.pipeline import RLVRPipeline
+from roll_pipeline.driver.runtime import start_local_ray
 from tests.conftest import EXAMPLES
 
 SMALL = [

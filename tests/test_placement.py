@@ -20,7 +20,7 @@ from roll_pipeline.distributed.placement import (
     plan_devices,
     plan_for,
 )
-from roll_pipeline.driver.pipeline import LOCAL_RAY_SYSTEM_CONFIG, start_local_ray
+from roll_pipeline.driver.runtime import LOCAL_RAY_SYSTEM_CONFIG, start_local_ray
 from tests.conftest import EXAMPLES
 
 

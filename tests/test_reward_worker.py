@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from roll_pipeline.driver.pipeline import start_local_ray
+from roll_pipeline.driver.runtime import start_local_ray
 from tests.conftest import ROOT
 from workers.rewards import registry
 from workers.rewards.base import RewardResult, RewardScorer

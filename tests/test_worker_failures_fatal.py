@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from roll_pipeline.driver.pipeline import WorkerDiedError
+from roll_pipeline.driver.runtime import WorkerDiedError
 from tests.test_worker_failures import SHARE, N, during_rollout, start_pipeline
 
 

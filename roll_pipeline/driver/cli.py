@@ -32,7 +32,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from tqdm import tqdm
 
-    from roll_pipeline.driver.pipeline import RLVRPipeline, WorkerDiedError
+    from roll_pipeline.driver.pipeline import RLVRPipeline
+    from roll_pipeline.driver.runtime import WorkerDiedError
 
     cfg = resolved.config
     checkpoint = None

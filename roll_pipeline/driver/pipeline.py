@@ -1,12 +1,11 @@
-"""RLVRPipeline: owns the Ray clusters and runs the RL loop, one short step of named stages at a time."""
+"""RLVRPipeline: the RL loop, one short step of named stages at a time (the clusters: runtime.py; checkpoints
+and resume: run_state.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-import math
-import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -17,113 +16,26 @@ import ray
 import torch
 from ray.exceptions import RayActorError
 
-from roll_pipeline.algorithms import ADVANTAGES, KL_CONTROLLERS, needs_critic
+from roll_pipeline.algorithms import ADVANTAGES, KL_CONTROLLERS
 from roll_pipeline.algorithms.advantages import place_at_last_token, postprocess_advantages
 from roll_pipeline.algorithms.kl import kl_penalty_rewards
 from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
 from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
 from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.config import PipelineConfig, ResolvedConfig
-from roll_pipeline.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
-from roll_pipeline.distributed.cluster import Cluster
-from roll_pipeline.distributed.placement import DevicePool, plan_for
-from roll_pipeline.driver.checkpoint import (
-    checkpoint_root,
-    config_changes,
-    latest_checkpoint,
-    read_state,
-    write_checkpoint,
-)
+from roll_pipeline.config import ResolvedConfig
+from roll_pipeline.data.loading import RunData
 from roll_pipeline.driver.report import log_validation_artifacts
+from roll_pipeline.driver.run_state import Rollout, RunState
+from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
 from roll_pipeline.driver.validation import answer_keys, rollout_metrics, validation_metrics
 from roll_pipeline.tracking.metadata import run_tags
 from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
 from roll_pipeline.tracking.spool import SPOOL_DIRNAME
 from roll_pipeline.tracking.system import MemoryProbe
 from schedulers.dynamic_sampling import start_scheduler
-from workers.base import load_rng_states, rng_states
 from workers.rewards.scored import ScoredSample
 
 logger = logging.getLogger(__name__)
-
-RNG_FILE = "rng_states.pt"
-PENDING_ROLLOUT_FILE = "pending_rollout.pt"
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker that holds training state (actor_train, critic) died; the message says how to resume."""
-
-
-# The GCS keeps an event record of every task and actor call, 100,000 by default, for the dashboard and the state
-# API (`ray list tasks`). A local run has neither, and at some 45 calls a step the record alone grew the GCS
-# from 61 to 133 MB over 500 steps (benchmarks/soak.py). Keep the last 2,000: enough to debug the current step.
-#
-# Ray starts its workers at niceness 15, below everything else on the machine; in a run the workers are the work
-# (training, generation, scoring), so on a shared machine any other busy process starved them: under two busy
-# processes at niceness 0 on 2 cores, DeepSpeed's first start (it compiles a C++ op) did not finish in 10 minutes.
-# The run's own cluster runs them at the driver's priority.
-LOCAL_RAY_SYSTEM_CONFIG = {"task_events_max_num_task_in_gcs": 2000, "worker_niceness": 0}
-
-
-def load_run_data(tokenizer: Any, cfg: PipelineConfig) -> RunData:
-    """The run's prompts, loaded and encoded before Ray starts, so that a prompt over data.prompt_length stops
-    the run in seconds."""
-    train_rows = load_domain_rows(cfg.data.train_files, cfg.rewards)
-    require_rows(train_rows, cfg.rewards, cfg.data.train_files)
-    val_rows = load_domain_rows(cfg.data.val_files, cfg.rewards) if cfg.data.val_files else {}
-    return RunData(
-        fit_prompts(tokenizer, train_rows, cfg.data, "train"), fit_prompts(tokenizer, val_rows, cfg.data, "val")
-    )
-
-
-def log_dropped(data: RunData, prompt_length: int) -> None:
-    """The warning `fit_prompts` gives for prompts left out, for data the preflight checks loaded quietly."""
-    for name, count in data.dropped().items():
-        if count:
-            logger.warning(
-                "data.on_long_prompt=drop: left out %d prompts longer than data.prompt_length=%d (%s)",
-                count, prompt_length, name,
-            )
-
-
-def worker_env(torch_threads: int) -> dict[str, str]:
-    # MALLOC_ARENA_MAX: glibc gives each thread that allocates an arena of its own, up to 8 per core, and each
-    # arena keeps its freed pages; Ray's and the batcher's threads made a worker's memory creep up (see
-    # workers.base.release_free_memory). Two arenas are enough for one torch thread and the rest.
-    return {"OMP_NUM_THREADS": str(torch_threads), "TOKENIZERS_PARALLELISM": "false", "MALLOC_ARENA_MAX": "2"}
-
-
-def init_ray(cfg: PipelineConfig) -> bool:
-    """Join the configured (or RAY_ADDRESS) cluster, or start a local one sized for every worker.
-
-    Returns whether this call connected (False when Ray was already initialised by the caller)."""
-    if ray.is_initialized():
-        return False
-    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-        return True
-    sections = [cfg.actor_train, cfg.actor_infer, cfg.reference, cfg.critic]
-    needed = sum(s.world_size * s.num_cpus_per_worker for s in sections if s is not None)
-    needed += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
-    num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
-    start_local_ray(num_cpus)
-    return True
-
-
-def start_local_ray(num_cpus: int, *, num_gpus: int | None = None, log_to_driver: bool = True) -> None:
-    """A Ray cluster of this process's own (address "local": even when another one, `ray start`, runs on the
-    machine) with LOCAL_RAY_SYSTEM_CONFIG; a run's and every test's local cluster start here."""
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        include_dashboard=False,
-        log_to_driver=log_to_driver,
-        logging_level=logging.WARNING,
-        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
-    )
-
 
 @dataclasses.dataclass
 class StepTimer:
@@ -138,19 +50,11 @@ class StepTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-@dataclasses.dataclass
-class Rollout:
-    """A step's rollout: launched (`refs`, one per domain) or collected (`batch`, `metrics`); `version` is the
-    weights version actor_infer generated it with."""
+class RLVRPipeline(ClusterRuntime, RunState):
+    """Multi-domain RLVR: per-domain schedulers fill each step's batch, then one PPO-style update for all.
 
-    version: int
-    refs: dict[str, Any] | None = None
-    batch: Batch | None = None
-    metrics: dict[str, float] | None = None
-
-
-class RLVRPipeline:
-    """Multi-domain RLVR: per-domain schedulers fill each step's batch, then one PPO-style update for all."""
+    The clusters are started and stopped by `ClusterRuntime` (runtime.py), checkpoints written and read by
+    `RunState` (run_state.py); this module is the step and the loop."""
 
     def __init__(self, resolved: ResolvedConfig) -> None:
         self.resolved = resolved
@@ -179,10 +83,6 @@ class RLVRPipeline:
         """Start every cluster and scheduler, and the MLflow run; with `resume_from` (a checkpoint folder), load
         its state and go on in the MLflow run it names. `data`: the prompts as the preflight checks loaded them
         (`preflight_with_data`); without it they are loaded here."""
-        from workers.actor_infer import ActorInferWorker
-        from workers.actor_train import ActorTrainWorker
-        from workers.critic import CriticWorker
-        from workers.reference import ReferenceWorker
         from workers.strategies.loading import load_tokenizer
 
         cfg = self.cfg
@@ -192,53 +92,7 @@ class RLVRPipeline:
         else:
             log_dropped(data, cfg.data.prompt_length)
         train, val, dropped = data.train, data.val, data.dropped()
-        plan = plan_for(cfg)  # before Ray starts: a mapping that cannot be placed stops the run at once
-        self.owns_ray = init_ray(cfg)
-        self.device_pool = DevicePool.reserve(plan) if plan.slots else None
-
-        def make(
-            name: str, cls: type, section: Any, max_concurrency: int | None = None, restarts: int = 0, **kwargs: Any
-        ) -> Cluster:
-            return Cluster(
-                name,
-                cls,
-                world_size=section.world_size,
-                num_cpus=section.num_cpus_per_worker,
-                num_gpus=section.num_gpus_per_worker,
-                worker_kwargs={"pipeline_config": cfg, **kwargs},
-                env_vars=worker_env(section.torch_threads),
-                max_concurrency=max_concurrency,
-                placement=section.placement,
-                device_slots=self.device_pool.worker_options(name) if name in plan.slots else None,
-                max_restarts=restarts,
-                # actor_infer's requests are re-sent by the schedulers (with the current weights first).
-                max_task_retries=restarts if cls is not ActorInferWorker else 0,
-            )
-
-        self.actor_train = make(
-            "actor_train", ActorTrainWorker, cfg.actor_train,
-            total_optimizer_steps=cfg.optimizer_steps(cfg.actor_train),
-        )
-        restarts = cfg.ray.worker_restarts
-        self.actor_infer = make(
-            "actor_infer",
-            ActorInferWorker,
-            cfg.actor_infer,
-            max_concurrency=ActorInferWorker.MAX_CONCURRENCY,
-            restarts=restarts,
-        )
-        self.reference = (
-            make("reference", ReferenceWorker, cfg.reference, restarts=restarts) if cfg.needs_reference else None
-        )
-        self.critic = (
-            make("critic", CriticWorker, cfg.critic, total_optimizer_steps=cfg.optimizer_steps(cfg.critic))
-            if needs_critic(cfg.adv_estimator)
-            else None
-        )
-        self.rewards = {domain: self._reward_cluster(domain) for domain in cfg.domain_interleave_probs}
-        for trained in filter(None, [self.actor_train, self.critic]):
-            trained.init_process_group()
-        ray.get([ref for c in filter(None, [self.actor_train, self.critic]) for ref in c.call_async("initialize")])
+        self.start_clusters()
         self.has_validation = any(val[d].rows for d in cfg.domain_interleave_probs if d in val)
         self.schedulers = {
             domain: start_scheduler(
@@ -270,29 +124,6 @@ class RLVRPipeline:
         self.answer_keys = answer_keys(cfg.rewards)
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.output_dir) / "resolved_config.json").write_text(json.dumps(self.resolved.to_dict(), indent=2))
-
-    def _reward_cluster(self, domain: str) -> Cluster:
-        from workers.rewards.worker import RewardWorker
-
-        r = self.cfg.rewards[domain]
-        return Cluster(
-            f"reward_{domain}",
-            RewardWorker,
-            world_size=r.world_size,
-            num_cpus=r.num_cpus_per_worker,
-            num_gpus=0,
-            worker_kwargs={
-                "domain": domain,
-                "worker_spec": r.worker,
-                "options": r.options,
-                "timeout_s": r.timeout_s,
-                "processes": r.num_processes,
-            },
-            env_vars=worker_env(1),
-            pass_rank=False,
-            max_restarts=self.cfg.ray.worker_restarts,
-            max_task_retries=self.cfg.ray.worker_restarts,
-        )
 
     # ------------------------------------------------------------------------------------------- the step
 
@@ -511,13 +342,13 @@ class RLVRPipeline:
         start = time.perf_counter()
         status = "FAILED"
         try:
-            if cfg.validation.eval_at_start and self._has_validation() and self.resumed_from is None:
+            if cfg.validation.eval_at_start and self.has_validation and self.resumed_from is None:
                 self._log(0, self.validate())
             for step in range(self.global_step + 1, cfg.max_steps + 1):
                 self.global_step = step
                 metrics = self.step()
                 last = step == cfg.max_steps
-                if self._has_validation() and (last or (cfg.eval_steps and step % cfg.eval_steps == 0)):
+                if self.has_validation and (last or (cfg.eval_steps and step % cfg.eval_steps == 0)):
                     metrics |= self.validate()
                 self._log(step, metrics)
                 if cfg.save_steps and (step % cfg.save_steps == 0 or last):
@@ -552,86 +383,6 @@ class RLVRPipeline:
             "output_dir": self.cfg.output_dir,
         }
 
-    def save_checkpoint(self, step: int) -> Path:
-        """Everything the run needs to go on as if it had never stopped (roll_pipeline/driver/checkpoint.py writes it
-        atomically): the trained clusters' DeepSpeed states and RNGs, actor_infer's and the driver's RNGs, every
-        scheduler's data position, the KL controller, the running reward moments, the metric history, the
-        step, and where the MLflow run is."""
-
-        self._settle()
-
-        def write_parts(folder: Path) -> None:
-            self.actor_train.call("save_checkpoint", str(folder / "actor_train"), {"step": step})
-            if self.critic is not None:
-                self.critic.call("save_checkpoint", str(folder / "critic"), {"step": step})
-            torch.save(
-                {"driver": rng_states(), "actor_infer": self.actor_infer.call("rng_state")}, folder / RNG_FILE
-            )
-            if self.next_rollout is not None:  # async: the next step's batch, generated already
-                pending = self.next_rollout
-                torch.save(
-                    {"version": pending.version, "batch": pending.batch, "metrics": pending.metrics},
-                    folder / PENDING_ROLLOUT_FILE,
-                )
-
-        state = {
-            "step": step,
-            "trained_version": self.trained_version,
-            "schedulers": self.scheduler_states(),
-            "kl_ctrl": self.kl_ctrl.state_dict(),
-            "reward_moments": self.reward_moments.state_dict(),
-            "history": {str(k): v for k, v in self.history.items()},
-            "mlflow_run_id": self.tracker.run_id if self.tracker else None,
-            "mlflow_spool": str(self.tracker.spool.path.resolve()) if self.tracker else None,
-            "config": self.resolved.to_dict(),
-        }
-        root = checkpoint_root(self.cfg.output_dir)
-        return write_checkpoint(root, step, write_parts, state, self.cfg.max_checkpoints_to_keep)
-
-    def restore(self, checkpoint: Path) -> dict[str, Any]:
-        """Load a checkpoint `save_checkpoint` wrote into the running clusters; returns its state."""
-        state = read_state(checkpoint)
-        self.actor_train.call("load_checkpoint", str(checkpoint / "actor_train"))
-        if self.critic is not None:
-            self.critic.call("load_checkpoint", str(checkpoint / "critic"))
-        self.trained_version = state["trained_version"]
-        self.ensure_synced()
-        if (checkpoint / PENDING_ROLLOUT_FILE).exists():
-            self.next_rollout = Rollout(**torch.load(checkpoint / PENDING_ROLLOUT_FILE, weights_only=False))
-        ray.get([self.schedulers[d].load_state_dict.remote(s) for d, s in state["schedulers"].items()])
-        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.reward_moments.load_state_dict(state["reward_moments"])
-        self.history = {int(k): v for k, v in state["history"].items()}
-        self.global_step = state["step"]
-        rngs = torch.load(checkpoint / RNG_FILE, weights_only=False)  # NumPy arrays and tuples inside
-        load_rng_states(rngs["driver"])
-        if len(rngs["actor_infer"]) == self.actor_infer.world_size:  # else the world size changed: fresh RNGs
-            workers = zip(self.actor_infer.workers, rngs["actor_infer"], strict=True)
-            ray.get([w.load_rng_state.remote(r) for w, r in workers])
-        self.resumed_from = checkpoint
-        return state
-
-    def scheduler_states(self) -> dict[str, Any]:
-        states = ray.get([s.state_dict.remote() for s in self.schedulers.values()])
-        return dict(zip(self.schedulers, states, strict=True))
-
-    def shutdown(self) -> None:
-        for scheduler in getattr(self, "schedulers", {}).values():
-            ray.kill(scheduler)
-        self.schedulers = {}
-        for name in ("actor_train", "actor_infer", "reference", "critic"):
-            cluster = getattr(self, name, None)
-            if cluster is not None:
-                cluster.shutdown()
-        for cluster in getattr(self, "rewards", {}).values():
-            cluster.shutdown()
-        if getattr(self, "device_pool", None) is not None:
-            self.device_pool.release()
-            self.device_pool = None
-        if self.owns_ray:
-            ray.shutdown()
-            self.owns_ray = False
-
     # ------------------------------------------------------------------------------------------- helpers
 
     def _settle(self) -> None:
@@ -640,39 +391,6 @@ class RLVRPipeline:
         if self.next_rollout is not None:
             self.next_rollout = self.finish_rollout(self.next_rollout)
         self.ensure_synced()
-
-    def _dead_training_workers(self) -> list[str]:
-        """Ranks of actor_train and critic that no longer answer."""
-        dead = []
-        for cluster in filter(None, [self.actor_train, self.critic]):
-            for rank, worker in enumerate(cluster.workers):
-                try:
-                    ray.get(worker.ready.remote(), timeout=30)
-                except (RayActorError, ray.exceptions.GetTimeoutError):
-                    dead.append(f"{cluster.name}[{rank}]")
-        return dead
-
-    def _death_message(self, dead: list[str], exc: BaseException) -> str:
-        checkpoint = latest_checkpoint(checkpoint_root(self.cfg.output_dir))
-        if checkpoint is not None:
-            how = f"resume from its last checkpoint, {checkpoint}, with `roll run CONFIG --resume`"
-        else:
-            how = "no checkpoint was saved to resume from (save_steps is 0 or no save came yet)"
-        cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        return (
-            f"{', '.join(dead)} died at step {self.global_step} ({cause}). actor_train and critic hold the training "
-            f"state and are not restarted, so the run stops; {how}"
-        )
-
-    def _warn_config_changes(self, saved: dict[str, Any]) -> None:
-        changed = config_changes(saved, self.resolved.to_dict())
-        if changed:
-            logger.warning(
-                "resuming with a config that differs from the checkpoint's in: %s", ", ".join(changed[:20])
-            )
-
-    def _has_validation(self) -> bool:
-        return self.has_validation
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         metrics = metrics | self.memory()

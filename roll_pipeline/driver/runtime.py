@@ -1,0 +1,224 @@
+"""Starting and stopping what a run runs on: Ray (a local cluster of its own, or a joined one), every cluster of
+workers, and the data the schedulers draw from; and what a worker's death means for the run."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from roll_pipeline.algorithms import needs_critic
+from roll_pipeline.config import PipelineConfig
+from roll_pipeline.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
+from roll_pipeline.distributed.cluster import Cluster
+from roll_pipeline.distributed.placement import DevicePool, plan_for
+from roll_pipeline.driver.checkpoint import checkpoint_root, latest_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker that holds training state (actor_train, critic) died; the message says how to resume."""
+
+
+# The GCS keeps an event record of every task and actor call, 100,000 by default, for the dashboard and the state
+# API (`ray list tasks`). A local run has neither, and at some 45 calls a step the record alone grew the GCS
+# from 61 to 133 MB over 500 steps (benchmarks/soak.py). Keep the last 2,000: enough to debug the current step.
+#
+# Ray starts its workers at niceness 15, below everything else on the machine; in a run the workers are the work
+# (training, generation, scoring), so on a shared machine any other busy process starved them: under two busy
+# processes at niceness 0 on 2 cores, DeepSpeed's first start (it compiles a C++ op) did not finish in 10 minutes.
+# The run's own cluster runs them at the driver's priority.
+LOCAL_RAY_SYSTEM_CONFIG = {"task_events_max_num_task_in_gcs": 2000, "worker_niceness": 0}
+
+
+def load_run_data(tokenizer: Any, cfg: PipelineConfig) -> RunData:
+    """The run's prompts, loaded and encoded before Ray starts, so that a prompt over data.prompt_length stops
+    the run in seconds."""
+    train_rows = load_domain_rows(cfg.data.train_files, cfg.rewards)
+    require_rows(train_rows, cfg.rewards, cfg.data.train_files)
+    val_rows = load_domain_rows(cfg.data.val_files, cfg.rewards) if cfg.data.val_files else {}
+    return RunData(
+        fit_prompts(tokenizer, train_rows, cfg.data, "train"), fit_prompts(tokenizer, val_rows, cfg.data, "val")
+    )
+
+
+def log_dropped(data: RunData, prompt_length: int) -> None:
+    """The warning `fit_prompts` gives for prompts left out, for data the preflight checks loaded quietly."""
+    for name, count in data.dropped().items():
+        if count:
+            logger.warning(
+                "data.on_long_prompt=drop: left out %d prompts longer than data.prompt_length=%d (%s)",
+                count, prompt_length, name,
+            )
+
+
+def worker_env(torch_threads: int) -> dict[str, str]:
+    # MALLOC_ARENA_MAX: glibc gives each thread that allocates an arena of its own, up to 8 per core, and each
+    # arena keeps its freed pages; Ray's and the batcher's threads made a worker's memory creep up (see
+    # workers.base.release_free_memory). Two arenas are enough for one torch thread and the rest.
+    return {"OMP_NUM_THREADS": str(torch_threads), "TOKENIZERS_PARALLELISM": "false", "MALLOC_ARENA_MAX": "2"}
+
+
+def init_ray(cfg: PipelineConfig) -> bool:
+    """Join the configured (or RAY_ADDRESS) cluster, or start a local one sized for every worker.
+
+    Returns whether this call connected (False when Ray was already initialised by the caller)."""
+    if ray.is_initialized():
+        return False
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return True
+    sections = [cfg.actor_train, cfg.actor_infer, cfg.reference, cfg.critic]
+    needed = sum(s.world_size * s.num_cpus_per_worker for s in sections if s is not None)
+    needed += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
+    num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
+    start_local_ray(num_cpus)
+    return True
+
+
+def start_local_ray(num_cpus: int, *, num_gpus: int | None = None, log_to_driver: bool = True) -> None:
+    """A Ray cluster of this process's own (address "local": even when another one, `ray start`, runs on the
+    machine) with LOCAL_RAY_SYSTEM_CONFIG; a run's and every test's local cluster start here."""
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        log_to_driver=log_to_driver,
+        logging_level=logging.WARNING,
+        _system_config=LOCAL_RAY_SYSTEM_CONFIG,
+    )
+
+
+class ClusterRuntime:
+    """The Ray side of `RLVRPipeline`: starts its clusters (`start_clusters`), tells a dead training worker from
+    a passing failure, and shuts everything down. Reads `cfg`; sets the cluster attributes the step uses."""
+
+    cfg: PipelineConfig
+    owns_ray: bool = False
+
+    def start_clusters(self) -> None:
+        """Ray, the device plan, and every cluster: actor_train, actor_infer, the reference and the critic where
+        the config needs them, one reward cluster per domain; the trained ones initialised."""
+        from workers.actor_infer import ActorInferWorker
+        from workers.actor_train import ActorTrainWorker
+        from workers.critic import CriticWorker
+        from workers.reference import ReferenceWorker
+
+        cfg = self.cfg
+        plan = plan_for(cfg)  # before Ray starts: a mapping that cannot be placed stops the run at once
+        self.owns_ray = init_ray(cfg)
+        self.device_pool = DevicePool.reserve(plan) if plan.slots else None
+
+        def make(
+            name: str, cls: type, section: Any, max_concurrency: int | None = None, restarts: int = 0, **kwargs: Any
+        ) -> Cluster:
+            return Cluster(
+                name,
+                cls,
+                world_size=section.world_size,
+                num_cpus=section.num_cpus_per_worker,
+                num_gpus=section.num_gpus_per_worker,
+                worker_kwargs={"pipeline_config": cfg, **kwargs},
+                env_vars=worker_env(section.torch_threads),
+                max_concurrency=max_concurrency,
+                placement=section.placement,
+                device_slots=self.device_pool.worker_options(name) if name in plan.slots else None,
+                max_restarts=restarts,
+                # actor_infer's requests are re-sent by the schedulers (with the current weights first).
+                max_task_retries=restarts if cls is not ActorInferWorker else 0,
+            )
+
+        self.actor_train = make(
+            "actor_train", ActorTrainWorker, cfg.actor_train,
+            total_optimizer_steps=cfg.optimizer_steps(cfg.actor_train),
+        )
+        restarts = cfg.ray.worker_restarts
+        self.actor_infer = make(
+            "actor_infer",
+            ActorInferWorker,
+            cfg.actor_infer,
+            max_concurrency=ActorInferWorker.MAX_CONCURRENCY,
+            restarts=restarts,
+        )
+        self.reference = (
+            make("reference", ReferenceWorker, cfg.reference, restarts=restarts) if cfg.needs_reference else None
+        )
+        self.critic = (
+            make("critic", CriticWorker, cfg.critic, total_optimizer_steps=cfg.optimizer_steps(cfg.critic))
+            if needs_critic(cfg.adv_estimator)
+            else None
+        )
+        self.rewards = {domain: self._reward_cluster(domain) for domain in cfg.domain_interleave_probs}
+        for trained in filter(None, [self.actor_train, self.critic]):
+            trained.init_process_group()
+        ray.get([ref for c in filter(None, [self.actor_train, self.critic]) for ref in c.call_async("initialize")])
+
+    def _reward_cluster(self, domain: str) -> Cluster:
+        from workers.rewards.worker import RewardWorker
+
+        r = self.cfg.rewards[domain]
+        return Cluster(
+            f"reward_{domain}",
+            RewardWorker,
+            world_size=r.world_size,
+            num_cpus=r.num_cpus_per_worker,
+            num_gpus=0,
+            worker_kwargs={
+                "domain": domain,
+                "worker_spec": r.worker,
+                "options": r.options,
+                "timeout_s": r.timeout_s,
+                "processes": r.num_processes,
+            },
+            env_vars=worker_env(1),
+            pass_rank=False,
+            max_restarts=self.cfg.ray.worker_restarts,
+            max_task_retries=self.cfg.ray.worker_restarts,
+        )
+
+    def shutdown(self) -> None:
+        for scheduler in getattr(self, "schedulers", {}).values():
+            ray.kill(scheduler)
+        self.schedulers = {}
+        for name in ("actor_train", "actor_infer", "reference", "critic"):
+            cluster = getattr(self, name, None)
+            if cluster is not None:
+                cluster.shutdown()
+        for cluster in getattr(self, "rewards", {}).values():
+            cluster.shutdown()
+        if getattr(self, "device_pool", None) is not None:
+            self.device_pool.release()
+            self.device_pool = None
+        if self.owns_ray:
+            ray.shutdown()
+            self.owns_ray = False
+
+    def _dead_training_workers(self) -> list[str]:
+        """Ranks of actor_train and critic that no longer answer."""
+        dead = []
+        for cluster in filter(None, [self.actor_train, self.critic]):
+            for rank, worker in enumerate(cluster.workers):
+                try:
+                    ray.get(worker.ready.remote(), timeout=30)
+                except (RayActorError, ray.exceptions.GetTimeoutError):
+                    dead.append(f"{cluster.name}[{rank}]")
+        return dead
+
+    def _death_message(self, dead: list[str], exc: BaseException) -> str:
+        checkpoint = latest_checkpoint(checkpoint_root(self.cfg.output_dir))
+        if checkpoint is not None:
+            how = f"resume from its last checkpoint, {checkpoint}, with `roll run CONFIG --resume`"
+        else:
+            how = "no checkpoint was saved to resume from (save_steps is 0 or no save came yet)"
+        cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        return (
+            f"{', '.join(dead)} died at step {self.global_step} ({cause}). actor_train and critic hold the training "
+            f"state and are not restarted, so the run stops; {how}"
+        )
