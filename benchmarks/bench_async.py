@@ -20,8 +20,8 @@ MODES = {"sync": [], "async": ["async_generation_ratio=1", "infer_is_cap=2.0"]}
 
 
 def run_once(config: str, steps: int, overrides: list[str], out: Path) -> dict:
-    from roll_pipeline.driver.names import load_run_config as load_config
-    from roll_pipeline.driver.pipeline import RLVRPipeline
+    from roll_pipeline.api import RLVRPipeline
+    from roll_pipeline.api import load_run_config as load_config
 
     resolved = load_config(
         config,

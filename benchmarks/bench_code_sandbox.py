@@ -32,9 +32,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from workers.rewards.code_sandbox import CodeSandboxScorer  # noqa: E402
-from workers.rewards.sandbox.process import Sandbox  # noqa: E402
-from workers.rewards.sandbox.relay import run_checked  # noqa: E402
+from benchmarks.harness import wait_for_quiet  # noqa: E402
+from roll_pipeline.api import CodeSandboxScorer, Sandbox, run_checked  # noqa: E402
 
 LIS = """
 def lis(xs):
@@ -204,19 +203,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {os.getloadavg()[0]:>11.2f}"
             )
     return 0
-
-
-def wait_for_quiet(timeout_s: float) -> str:
-    """Wait until the 1-minute load average is under half the cores (the benchmark's own processes then have the
-    machine), at most ``timeout_s``; says which it was. Each row also prints the load while it was measured."""
-    threshold = (os.cpu_count() or 1) / 2
-    deadline = time.monotonic() + timeout_s
-    while os.getloadavg()[0] >= threshold and time.monotonic() < deadline:
-        time.sleep(1.0)
-    load = os.getloadavg()[0]
-    if load < threshold:
-        return f"quiet machine: load {load:.2f} < {threshold:.1f}"
-    return f"NOT QUIET: load {load:.2f} >= {threshold:.1f} after waiting {timeout_s:.0f}s; figures are lower"
 
 
 if __name__ == "__main__":

@@ -38,8 +38,7 @@ SEED = 1234
 def setup_batch(tmp: Path, quick: bool):
     """bench_trl's resolved config and its first rollout_batch_size prompts, as token lists."""
     from benchmarks.bench_trl import load, math_rows, write_config
-    from roll_pipeline.data.loading import encode_prompt
-    from workers.strategies.loading import load_tokenizer
+    from roll_pipeline.api import encode_prompt, load_tokenizer
 
     resolved = load(write_config(tmp, quick), 1, tmp / "run")
     cfg = resolved.config
@@ -54,7 +53,7 @@ class Bare:
     def __init__(self, cfg, tokenizer, prompts: list[list[int]]) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
 
-        from roll_pipeline.data.loading import collate_prompts
+        from roll_pipeline.api import collate_prompts
 
         self.model = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=torch.float32).eval()
         args = cfg.actor_infer.generating_args
@@ -158,9 +157,7 @@ def profile_worker_call(worker, call) -> str:
 def measure(repeats: int = 3, calls: int = 3, quick: bool = False, log=print) -> Section:
     import ray
 
-    from roll_pipeline.distributed.cluster import Cluster
-    from roll_pipeline.driver.runtime import worker_env
-    from workers.actor_infer import ActorInferWorker
+    from roll_pipeline.api import ActorInferWorker, Cluster, worker_env
 
     start_wall = time.perf_counter()
     results: dict[str, list[float]] = {"bare": [], "worker": [], "ray": []}

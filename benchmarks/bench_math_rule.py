@@ -19,8 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from workers.rewards.math_rule import MathRuleScorer
-from workers.rewards.worker import RewardWorker
+from roll_pipeline.api import MathRuleScorer, RewardWorker
 
 Case = tuple[str, str, str, bool]  # (kind, response, ground truth, expected correct)
 

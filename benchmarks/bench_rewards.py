@@ -56,7 +56,7 @@ def measure_code(
     repeats: int, seconds: float, concurrency: list[int], workloads: list[str], log=print
 ) -> list[Comparison]:
     from benchmarks.bench_code_sandbox import bare_runner, rate, scorer_runner
-    from workers.rewards.code_sandbox import CodeSandboxScorer
+    from roll_pipeline.api import CodeSandboxScorer
 
     out = []
     for conc in concurrency:
@@ -100,7 +100,7 @@ def launch_costs(runs: int) -> dict[str, float]:
     import statistics
     import subprocess
 
-    from workers.rewards.code_sandbox import CodeSandboxScorer
+    from roll_pipeline.api import CodeSandboxScorer
 
     scorer = CodeSandboxScorer(concurrency=1)
     spec = scorer.spec

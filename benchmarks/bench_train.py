@@ -33,12 +33,14 @@ from benchmarks.summary import Comparison, Section, in_turn, print_section
 
 def make_batch(cfg, tokenizer, prompts):
     """One RL step's training batch, as the pipeline hands it to actor_train.train_step."""
-    from roll_pipeline.algorithms import ADVANTAGES
-    from roll_pipeline.algorithms.advantages import place_at_last_token
-    from roll_pipeline.batch import Batch
-    from roll_pipeline.models.forward import batched_log_probs
-    from workers.rewards.math_rule import MathRuleScorer
-    from workers.strategies.hf_infer import truncate_at_eos
+    from roll_pipeline.api import (
+        ADVANTAGES,
+        Batch,
+        MathRuleScorer,
+        batched_log_probs,
+        place_at_last_token,
+        truncate_at_eos,
+    )
 
     n = cfg.num_return_sequences_in_group
     bare = Bare(cfg, tokenizer, prompts)
@@ -77,7 +79,7 @@ def make_batch(cfg, tokenizer, prompts):
 
 
 def math_rows_of(cfg):
-    from roll_pipeline.data.loading import load_rows
+    from roll_pipeline.api import load_rows
 
     return [row for f in cfg.data.train_files for row in load_rows(f)]
 
@@ -153,9 +155,7 @@ def measure(repeats: int = 3, calls: int = 3, quick: bool = False, log=print) ->
     import ray
     import torch.distributed as dist
 
-    from roll_pipeline.distributed.cluster import Cluster
-    from roll_pipeline.driver.runtime import worker_env
-    from workers.actor_train import ActorTrainWorker
+    from roll_pipeline.api import ActorTrainWorker, Cluster, worker_env
 
     start_wall = time.perf_counter()
     figures: dict[str, list[float]] = {k: [] for k in ("bare", "worker", "ray", "bare_lp", "worker_lp")}

@@ -64,7 +64,7 @@ def write_config(tmp: Path, quick: bool = False) -> Path:
 
 
 def load(path: Path, steps: int, out: Path, extra: list[str] | None = None):
-    from roll_pipeline.driver.names import load_run_config as load_config
+    from roll_pipeline.api import load_run_config as load_config
 
     return load_config(
         path,
@@ -78,7 +78,7 @@ def load(path: Path, steps: int, out: Path, extra: list[str] | None = None):
 
 
 def math_rows(resolved) -> list[dict[str, Any]]:
-    from roll_pipeline.data.loading import load_rows
+    from roll_pipeline.api import load_rows
 
     return [row for f in resolved.config.data.train_files for row in load_rows(f)]
 
@@ -89,10 +89,13 @@ def greedy_accuracy(model, tokenizer, rows, data_cfg, max_new_tokens: int, batch
     (chat template), left-padded, `batch_size` at a time, each response cut after its end-of-sequence token."""
     from transformers import GenerationConfig
 
-    from roll_pipeline.data.loading import collate_prompts, encode_prompt
-    from workers.rewards.math_rule import MathRuleScorer
-    from workers.strategies.hf_infer import truncate_at_eos
-    from workers.strategies.loading import eos_token_ids
+    from roll_pipeline.api import (
+        MathRuleScorer,
+        collate_prompts,
+        encode_prompt,
+        eos_token_ids,
+        truncate_at_eos,
+    )
 
     scorer = MathRuleScorer()
     eos = eos_token_ids(model, tokenizer)
@@ -129,7 +132,7 @@ def run_pipeline(config: Path, steps: int, out: Path, extra: list[str] | None = 
     and the last when it validates), the median seconds of each stage over those steps (the pipeline's
     time/<stage>_s metrics), generated tokens per step, the summary, the metric history, and what
     `before_shutdown(pipeline)` returned."""
-    from roll_pipeline.driver.pipeline import RLVRPipeline
+    from roll_pipeline.api import RLVRPipeline
 
     pipeline = RLVRPipeline(load(config, steps, out, extra))
     marks: list[float] = []
@@ -182,7 +185,7 @@ def run_ours(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
     """One run of our pipeline; its step times, stage times, and the accuracy of its final weights."""
     from transformers import AutoModelForCausalLM
 
-    from workers.strategies.loading import load_tokenizer
+    from roll_pipeline.api import load_tokenizer
 
     resolved = load(config, steps, out, [f"seed={seed}"])
     cfg = resolved.config
@@ -277,8 +280,7 @@ def run_trl(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
     from transformers import PrinterCallback, ProgressCallback, TrainerCallback
     from trl import GRPOTrainer
 
-    from workers.rewards.math_rule import MathRuleScorer
-    from workers.strategies.loading import load_tokenizer
+    from roll_pipeline.api import MathRuleScorer, load_tokenizer
 
     resolved = load(config, steps, out, [f"seed={seed}"])
     cfg = resolved.config
@@ -346,7 +348,7 @@ def run_trl(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
 def start_accuracy(config: Path, out: Path) -> float:
     from transformers import AutoModelForCausalLM
 
-    from workers.strategies.loading import load_tokenizer
+    from roll_pipeline.api import load_tokenizer
 
     resolved = load(config, 1, out)
     cfg = resolved.config

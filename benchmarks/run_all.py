@@ -19,14 +19,12 @@ import argparse
 import concurrent.futures
 import datetime
 import multiprocessing
-import os
-import platform
 import sys
 import time
 import traceback
-from importlib import metadata
 from pathlib import Path
 
+from benchmarks.harness import machine, wait_for_quiet
 from benchmarks.summary import Section, render_markdown, render_table, summary_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,33 +35,6 @@ ITEMS = {
     4: "4. Rewards",
     5: "5. Scaling",
 }
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        memory = f", {psutil.virtual_memory().total / 2**30:.0f} GiB memory"
-    except ImportError:
-        memory = ""
-    versions = []
-    for package in ("torch", "transformers", "deepspeed", "ray", "trl", "accelerate"):
-        try:
-            versions.append(f"{package} {metadata.version(package)}")
-        except metadata.PackageNotFoundError:
-            versions.append(f"{package} not installed")
-    return (
-        f"{os.cpu_count()} CPUs ({cpu}){memory}, {platform.system()} {platform.release()}, Python "
-        f"{platform.python_version()}; {', '.join(versions)}"
-    )
 
 
 def log(message: str) -> None:
@@ -127,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="tiny settings: checks that it runs, measures nothing"
     )
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    parser.add_argument(
+        "--quiet-wait", type=float, default=60.0, help="seconds to wait for a quiet machine before each item"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.scaling_steps, args.calls = (
@@ -139,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     sections: list[Section] = []
+    loads: list[str] = []
     for item in args.only:
-        log(f"[bench] {ITEMS[item]} ...")
+        quiet = wait_for_quiet(args.quiet_wait)
+        loads.append(f"- {ITEMS[item]}: {quiet}")
+        log(f"[bench] {ITEMS[item]} ({quiet}) ...")
         t = time.perf_counter()
         try:
             section = run_item_alone(item, args)
@@ -152,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(section)
         log(f"[bench] {ITEMS[item]}: {section.wall_s:.0f} s")
     wall = time.perf_counter() - started
-    preamble = [f"Total wall time: {wall / 60:.1f} min, {args.repeats} repetition(s)."]
+    preamble = [
+        f"Total wall time: {wall / 60:.1f} min, {args.repeats} repetition(s). The machine before each item:",
+        "",
+        *loads,
+    ]
     if args.quick:
         preamble[:0] = [
             "**Smoke run (`--quick`): tiny batches and few steps, to check that every benchmark "

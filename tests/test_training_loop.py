@@ -33,12 +33,11 @@ class StandInStrategy:
 
 
 class CountingWorker(TrainedWorker):
+    section_name = "actor_train"
     metric_prefix = "test"
 
     def __init__(self, cfg) -> None:
-        super().__init__(
-            pipeline_config=cfg, section=cfg.actor_train, total_optimizer_steps=1, name="test", rank=0, world_size=1
-        )
+        super().__init__(pipeline_config=cfg, total_optimizer_steps=1, name="test", rank=0, world_size=1)
         self.strategy = StandInStrategy()
         self.seen: list[tuple[int, str, float, float]] = []
 

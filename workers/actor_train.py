@@ -71,15 +71,8 @@ def policy_objective(
 
 
 class ActorTrainWorker(TrainedWorker):
+    section_name = "actor_train"
     metric_prefix = "actor"
-
-    def __init__(self, *, pipeline_config: PipelineConfig, total_optimizer_steps: int, **kwargs) -> None:
-        super().__init__(
-            pipeline_config=pipeline_config,
-            section=pipeline_config.actor_train,
-            total_optimizer_steps=total_optimizer_steps,
-            **kwargs,
-        )
 
     def model(self) -> nn.Module:
         return load_causal_lm(self.section.model_args)

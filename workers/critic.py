@@ -8,22 +8,14 @@ from torch import nn
 from roll_pipeline.algorithms import aggregate_loss
 from roll_pipeline.algorithms.value import clipped_value_loss
 from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.config import PipelineConfig
 from roll_pipeline.models.forward import response_values
 from workers.strategies.loading import load_value_model
 from workers.training import TrainedWorker, loss_scale
 
 
 class CriticWorker(TrainedWorker):
+    section_name = "critic"
     metric_prefix = "critic"
-
-    def __init__(self, *, pipeline_config: PipelineConfig, total_optimizer_steps: int, **kwargs) -> None:
-        super().__init__(
-            pipeline_config=pipeline_config,
-            section=pipeline_config.critic,
-            total_optimizer_steps=total_optimizer_steps,
-            **kwargs,
-        )
 
     def model(self) -> nn.Module:
         return load_value_model(self.section.model_args)

@@ -39,12 +39,15 @@ def loss_scale(cfg: PipelineConfig) -> float:
 class TrainedWorker(Worker):
     """A worker whose model DeepSpeed trains (actor_train, critic): its set-up, the training loop, checkpoints.
 
-    A subclass gives `model()` (the model to train), `objective()` (one micro-batch's loss and metrics) and the
-    `metric_prefix`; `per_minibatch()` may add metrics read once per optimizer step."""
+    A subclass names its config section (`section_name`) and its metrics' prefix (`metric_prefix`), and gives
+    `model()` (the model to train) and `objective()` (one micro-batch's loss and metrics); `per_minibatch()` may
+    add metrics read once per optimizer step."""
 
+    section_name = ""
     metric_prefix = ""
 
-    def __init__(self, *, pipeline_config: PipelineConfig, section, total_optimizer_steps: int, **kwargs) -> None:
+    def __init__(self, *, pipeline_config: PipelineConfig, total_optimizer_steps: int, **kwargs) -> None:
+        section = getattr(pipeline_config, self.section_name)
         super().__init__(seed=pipeline_config.seed, torch_threads=section.torch_threads, **kwargs)
         self.cfg = pipeline_config
         self.section = section

@@ -1,0 +1,51 @@
+"""What every benchmark shares: the machine it ran on, and a quiet machine to measure on (or the record that
+there was none). The figures' arithmetic and reports are benchmarks/summary.py; the project's code is reached only
+through roll_pipeline.api."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        memory = f", {psutil.virtual_memory().total / 2**30:.0f} GiB memory"
+    except ImportError:
+        memory = ""
+    versions = []
+    for package in ("torch", "transformers", "deepspeed", "ray", "trl", "accelerate"):
+        try:
+            versions.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{package} not installed")
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}){memory}, {platform.system()} {platform.release()}, Python "
+        f"{platform.python_version()}; {', '.join(versions)}"
+    )
+
+
+def wait_for_quiet(timeout_s: float) -> str:
+    """Wait until the 1-minute load average is under half the cores (the benchmark's own processes then have the
+    machine), at most ``timeout_s``; says which it was. Each row also prints the load while it was measured."""
+    threshold = (os.cpu_count() or 1) / 2
+    deadline = time.monotonic() + timeout_s
+    while os.getloadavg()[0] >= threshold and time.monotonic() < deadline:
+        time.sleep(1.0)
+    load = os.getloadavg()[0]
+    if load < threshold:
+        return f"quiet machine: load {load:.2f} < {threshold:.1f}"
+    return f"NOT QUIET: load {load:.2f} >= {threshold:.1f} after waiting {timeout_s:.0f}s; figures are lower"

@@ -1,0 +1,59 @@
+"""The entry points that code outside the package (the benchmarks, a user's own scripts) builds on, by one name
+each, wherever the code behind them lives: a refactoring that moves one changes this table, not its callers.
+
+Names load on first use (`roll_pipeline.api.RLVRPipeline` imports the pipeline then, not at `import
+roll_pipeline.api`). tests/test_api.py resolves every name, and holds benchmarks/ to importing the project only
+through here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: name -> "module:attribute".
+ENTRY_POINTS: dict[str, str] = {
+    # a run
+    "load_run_config": "roll_pipeline.driver.names:load_run_config",
+    "RLVRPipeline": "roll_pipeline.driver.pipeline:RLVRPipeline",
+    "start_local_ray": "roll_pipeline.driver.runtime:start_local_ray",
+    "worker_env": "roll_pipeline.driver.runtime:worker_env",
+    "Cluster": "roll_pipeline.distributed.cluster:Cluster",
+    # data and batches
+    "Batch": "roll_pipeline.batch:Batch",
+    "load_rows": "roll_pipeline.data.loading:load_rows",
+    "encode_prompt": "roll_pipeline.data.loading:encode_prompt",
+    "collate_prompts": "roll_pipeline.data.loading:collate_prompts",
+    # models
+    "load_tokenizer": "workers.strategies.loading:load_tokenizer",
+    "eos_token_ids": "workers.strategies.loading:eos_token_ids",
+    "truncate_at_eos": "workers.strategies.hf_infer:truncate_at_eos",
+    "batched_log_probs": "roll_pipeline.models.forward:batched_log_probs",
+    # algorithms
+    "ADVANTAGES": "roll_pipeline.algorithms:ADVANTAGES",
+    "place_at_last_token": "roll_pipeline.algorithms.advantages:place_at_last_token",
+    # workers
+    "ActorTrainWorker": "workers.actor_train:ActorTrainWorker",
+    "ActorInferWorker": "workers.actor_infer:ActorInferWorker",
+    "RewardWorker": "workers.rewards.worker:RewardWorker",
+    "MathRuleScorer": "workers.rewards.math_rule:MathRuleScorer",
+    "CodeSandboxScorer": "workers.rewards.code_sandbox:CodeSandboxScorer",
+    "Sandbox": "workers.rewards.sandbox.process:Sandbox",
+    "run_checked": "workers.rewards.sandbox.relay:run_checked",
+}
+
+__all__ = sorted(ENTRY_POINTS)
+
+
+def __getattr__(name: str) -> Any:
+    target = ENTRY_POINTS.get(name)
+    if target is None:
+        raise AttributeError(f"roll_pipeline.api has no {name!r}; its entry points: {', '.join(__all__)}")
+    module, _, attribute = target.partition(":")
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
