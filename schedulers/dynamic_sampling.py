@@ -272,23 +272,21 @@ class DynamicSamplingScheduler:
         return group
 
     async def _score(self, rows: list[dict[str, Any]], texts: list[str]) -> list[ScoredSample]:
-        # The reward contract: the scorer gets every column of the row (workers.rewards.base.reward_sample).
-        samples = [
-            reward_sample(row, text, prompt_messages(row, self.data)) for row, text in zip(rows, texts, strict=True)
-        ]
         # Identical responses to the same prompt are scored once (policies often repeat themselves, and a code
-        # sample costs a sandbox run); every copy gets the same result.
+        # sample costs a sandbox run); every copy gets the same result. Only those first copies are built into
+        # samples: the reward contract gives the scorer every column of the row (reward_sample), and a group's
+        # responses share one row.
+        keys = [(str(row.get("id", row.get("_source"))), text) for row, text in zip(rows, texts, strict=True)]
         unique: dict[tuple[str, str], int] = {}
         firsts: list[dict[str, Any]] = []
-        for sample in samples:
-            key = (str(sample["id"]), sample["response"])
+        for key, row, text in zip(keys, rows, texts, strict=True):
             if key not in unique:
                 unique[key] = len(firsts)
-                firsts.append(sample)
+                firsts.append(reward_sample(row, text, prompt_messages(row, self.data)))
         scored = await self._score_unique(firsts)
         self.scored_unique += len(unique)
-        self.scored_total += len(samples)
-        return [scored[unique[(str(s["id"]), s["response"])]] for s in samples]
+        self.scored_total += len(keys)
+        return [scored[unique[key]] for key in keys]
 
     async def _generate(
         self, worker: int, request_id: str, prompts: list[list[int]], args: GeneratingArgs, n: int, seed: int | None

@@ -171,9 +171,7 @@ def _renamed_keys(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """`data` with each renamed key under its new name (a FutureWarning names both); both names at once is an
     error."""
     rewards = data.get("rewards")
-    if not isinstance(rewards, Mapping) or not any(
-        isinstance(block, Mapping) and set(block) & set(RENAMED_REWARD_KEYS) for block in rewards.values()
-    ):
+    if not isinstance(rewards, Mapping):
         return data
     renamed = {}
     for domain, block in rewards.items():
