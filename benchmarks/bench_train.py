@@ -37,6 +37,7 @@ def make_batch(cfg, tokenizer, prompts):
         ADVANTAGES,
         Batch,
         MathRuleScorer,
+        SamplingDistribution,
         batched_log_probs,
         place_at_last_token,
         truncate_at_eos,
@@ -73,8 +74,8 @@ def make_batch(cfg, tokenizer, prompts):
         group_ids=batch["group_ids"],
         sample_mask=batch["sample_mask"],
     )
-    temperature = cfg.actor_infer.generating_args.temperature
-    old = batched_log_probs(bare.model, batch, cfg.actor_train.infer_batch_size, temperature)
+    sampling = SamplingDistribution.of(cfg.actor_infer.generating_args)
+    old = batched_log_probs(bare.model, batch, cfg.actor_train.infer_batch_size, sampling)
     return batch.update({"old_log_probs": old, "advantages": advantages})
 
 

@@ -29,6 +29,7 @@ ENTRY_POINTS: dict[str, str] = {
     "eos_token_ids": "workers.strategies.loading:eos_token_ids",
     "truncate_at_eos": "workers.strategies.hf_infer:truncate_at_eos",
     "batched_log_probs": "roll_pipeline.models.forward:batched_log_probs",
+    "SamplingDistribution": "roll_pipeline.models.sampling:SamplingDistribution",
     # algorithms
     "ADVANTAGES": "roll_pipeline.algorithms:ADVANTAGES",
     "place_at_last_token": "roll_pipeline.algorithms.advantages:place_at_last_token",

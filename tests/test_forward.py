@@ -9,7 +9,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from roll_pipeline.batch import Batch
-from roll_pipeline.models.forward import batched_log_probs, concat_prompt_response, response_logits
+from roll_pipeline.models.forward import (
+    FULL_SOFTMAX,
+    batched_log_probs,
+    concat_prompt_response,
+    response_logits,
+)
+from roll_pipeline.models.sampling import SamplingDistribution
 
 
 def pair_batch() -> Batch:
@@ -54,8 +60,8 @@ def test_response_logits_are_the_full_forwards_logits_at_the_positions_before_ea
 def test_batched_log_probs_do_not_depend_on_the_micro_batch_and_zero_the_padding(tiny_model):
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval()
     batch = pair_batch()
-    whole = batched_log_probs(model, batch, micro_batch_size=3, temperature=1.0)
-    one_by_one = batched_log_probs(model, batch, micro_batch_size=1, temperature=1.0)
+    whole = batched_log_probs(model, batch, micro_batch_size=3, sampling=FULL_SOFTMAX)
+    one_by_one = batched_log_probs(model, batch, micro_batch_size=1, sampling=FULL_SOFTMAX)
     torch.testing.assert_close(whole, one_by_one, rtol=1e-5, atol=1e-5)
     assert (whole[1, 3:] == 0).all() and (whole[1, :3] < 0).all()
 
@@ -80,11 +86,18 @@ def absolute_position_model(tiny_model: Path, where: Path) -> Path:
     return where
 
 
-@pytest.mark.parametrize("architecture", ["rotary", "absolute"])
-def test_log_probs_of_the_trainer_equal_the_generators_on_left_padded_prompts(architecture, tiny_model, tmp_path):
+@pytest.mark.parametrize(
+    "architecture, truncation",
+    [("rotary", []), ("absolute", []), ("rotary", ["top_p=0.8", "top_k=20"])],
+    ids=["rotary", "absolute", "rotary-top_p-top_k"],
+)
+def test_log_probs_of_the_trainer_equal_the_generators_on_left_padded_prompts(
+    architecture, truncation, tiny_model, tmp_path
+):
     """The log-probs actor_train computes for a batch (batched_log_probs, as in compute_log_probs) are those with
     which actor_infer sampled its tokens, row by row, with the same weights: prompts of different lengths (so left
-    padding), a sampling temperature, top-p and top-k off. Position ids counting the padding (shown by the model
+    padding), a sampling temperature, top-p and top-k off, then on (the trainer applies the same truncation as
+    the sampler: roll_pipeline/models/sampling.py). Position ids counting the padding (shown by the model
     with absolute positions), a temperature applied on one side only, or generation truncating the distribution
     (a silent top-k) break this."""
     from roll_pipeline.config import load_config
@@ -99,10 +112,11 @@ def test_log_probs_of_the_trainer_equal_the_generators_on_left_padded_prompts(ar
             "actor_infer.generating_args.temperature=0.7",
             "actor_infer.generating_args.max_new_tokens=10",
             f"actor_infer.model_args.model_name_or_path={model_path}",
+            *(f"actor_infer.generating_args.{t}" for t in truncation),
         ],
     ).config
     args = cfg.actor_infer.generating_args
-    assert args.top_p == 1.0 and args.top_k == 0
+    assert (args.top_p == 1.0 and args.top_k == 0) == (not truncation)
     strategy = HFInferStrategy(cfg.actor_infer)
     rows = load_rows(str(EXAMPLES / "data" / "math_train.jsonl"))[:6]
     prompts = encode_prompts(strategy.tokenizer, rows, cfg.data)
@@ -118,13 +132,15 @@ def test_log_probs_of_the_trainer_equal_the_generators_on_left_padded_prompts(ar
             "response_mask": out["response_mask"],
         }
     )
-    trainer = batched_log_probs(strategy.model, batch, micro_batch_size=5, temperature=args.temperature)
+    trainer = batched_log_probs(strategy.model, batch, micro_batch_size=5, sampling=SamplingDistribution.of(args))
     sampled = out["infer_log_probs"]
     mask = batch["response_mask"] > 0
     assert mask.sum() > 6 * n  # more than one token per response
     worst = float((trainer - sampled)[mask].abs().max())
-    # Measured 2026-11-24 (deterministic: seeded sampling, pinned weights): rotary 6.0e-7, absolute 4.8e-7 (float32
+    # Measured 2026-11-24 (deterministic: seeded sampling, pinned weights): rotary 6.0e-7 (3.9e-6 on 2026-11-26,
+    # tiny-qwen2 b26823ba), absolute 4.8e-7 (float32
     # rounding between a cached incremental forward and a whole one). Broken on purpose: the temperature left out
     # 0.27 (rotary); generate's hidden top_k 50 9.4e-4 (rotary); position ids counting the padding 0.49
-    # (absolute; 9.7e-7 on rotary, where a whole row's shift changes nothing).
+    # (absolute; 9.7e-7 on rotary, where a whole row's shift changes nothing). rotary-top_p-top_k (2026-11-26):
+    # 4.1e-6; with the trainer's full softmax (the truncation left out) 0.22.
     assert worst < 1e-5, worst

@@ -24,6 +24,7 @@ CORE = (
     "roll_pipeline.data.loading",
     "roll_pipeline.console",
     "roll_pipeline.models.forward",
+    "roll_pipeline.models.sampling",
     "roll_pipeline.models.embedded",
 )
 #: The middle layer.

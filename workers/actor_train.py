@@ -11,6 +11,7 @@ from roll_pipeline.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_los
 from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import PipelineConfig
 from roll_pipeline.models.forward import batched_log_probs, log_probs_from_logits, response_logits
+from roll_pipeline.models.sampling import SamplingDistribution
 from workers.base import release_free_memory
 from workers.strategies.loading import load_causal_lm
 from workers.training import TrainedWorker, loss_scale
@@ -77,11 +78,15 @@ class ActorTrainWorker(TrainedWorker):
     def model(self) -> nn.Module:
         return load_causal_lm(self.section.model_args)
 
+    @property
+    def sampling(self) -> SamplingDistribution:
+        """The distribution actor_infer samples from: the log-probs of the ratio are taken under it."""
+        return SamplingDistribution.of(self.cfg.actor_infer.generating_args)
+
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="actor_train.compute_log_probs")
         self.strategy.module.eval()
-        temperature = self.cfg.actor_infer.generating_args.temperature
-        return batched_log_probs(self.strategy.module, batch, self.section.infer_batch_size, temperature)
+        return batched_log_probs(self.strategy.module, batch, self.section.infer_batch_size, self.sampling)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over this rank's shard in mini-batches; returns averaged metrics."""
@@ -103,7 +108,7 @@ class ActorTrainWorker(TrainedWorker):
         log_probs, entropy = log_probs_from_logits(
             logits,
             micro["response_ids"],
-            self.cfg.actor_infer.generating_args.temperature,
+            self.sampling,
             with_entropy=True,
             entropy_grad=self.cfg.entropy_loss_coef != 0,  # otherwise the entropy is only logged
         )

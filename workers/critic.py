@@ -8,7 +8,7 @@ from torch import nn
 from roll_pipeline.algorithms import aggregate_loss
 from roll_pipeline.algorithms.value import clipped_value_loss
 from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.models.forward import response_values
+from roll_pipeline.models.forward import batched_values, response_values
 from workers.strategies.loading import load_value_model
 from workers.training import TrainedWorker, loss_scale
 
@@ -20,12 +20,10 @@ class CriticWorker(TrainedWorker):
     def model(self) -> nn.Module:
         return load_value_model(self.section.model_args)
 
-    @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="critic.compute_values")
         self.strategy.module.eval()
-        parts = [response_values(self.strategy.module, m) for m in batch.split(self.section.infer_batch_size)]
-        return torch.cat(parts) * batch["response_mask"]
+        return batched_values(self.strategy.module, batch, self.section.infer_batch_size)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         batch.require("values", "returns", "response_mask", "sample_mask", where="critic.train_step")

@@ -18,17 +18,21 @@ from workers.base import Worker
 from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
 
 
-def global_normalizers(mask: torch.Tensor, modes: tuple[str, ...], world_size: int) -> list[float]:
+def global_normalizers(
+    mask: torch.Tensor, modes: tuple[str, ...], world_size: int, device: torch.device | str = "cpu"
+) -> list[float]:
     """For each mode, the mini-batch's token (or response) count over all ranks, divided by the world size; one
-    all-reduce for all of them.
+    all-reduce for all of them, of a float64 tensor on the training `device` (NCCL takes only CUDA tensors; both
+    NCCL and gloo reduce float64).
 
     DeepSpeed averages gradients over ranks, so dividing each rank's sum by global_count / world_size makes the
     averaged gradient that of the global mean.
     """
     counts = torch.tensor([batch_normalizer(mask, mode) for mode in modes], dtype=torch.float64)
     if world_size > 1 and dist.is_initialized():
+        counts = counts.to(device)
         dist.all_reduce(counts)
-    return [float(c) / world_size for c in counts]
+    return [c / world_size for c in counts.tolist()]
 
 
 def loss_scale(cfg: PipelineConfig) -> float:
@@ -69,7 +73,9 @@ class TrainedWorker(Worker):
     def initialize(self) -> None:
         if "MASTER_ADDR" not in os.environ:
             self.set_distributed_env(*self.address())
-        self.strategy = DeepSpeedTrainStrategy(self.section, self.model(), self.total_optimizer_steps)
+        self.strategy = DeepSpeedTrainStrategy(
+            self.section, self.model(), self.total_optimizer_steps, self.section_name
+        )
 
     def train_loop(self, batch: Batch) -> dict[str, float]:
         """`ppo_epochs` passes over the batch in mini-batches of `training_args.minibatch_size`; the metrics
@@ -81,7 +87,9 @@ class TrainedWorker(Worker):
         for _ in range(self.cfg.ppo_epochs):
             for minibatch in batch.split(ta.minibatch_size):
                 modes = (self.cfg.loss_agg_mode, "token-mean")  # the loss's count, the diagnostics' count
-                norm, token_norm = global_normalizers(loss_mask(minibatch), modes, self.world_size)
+                norm, token_norm = global_normalizers(
+                    loss_mask(minibatch), modes, self.world_size, self.strategy.device
+                )
                 for micro in minibatch.split(ta.per_device_train_batch_size):
                     loss, parts = self.objective(micro.to(self.strategy.device), norm, token_norm)
                     self.strategy.backward(loss)

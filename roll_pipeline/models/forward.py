@@ -7,6 +7,7 @@ import inspect
 import torch
 
 from roll_pipeline.batch import Batch
+from roll_pipeline.models.sampling import SamplingDistribution
 
 
 def concat_prompt_response(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -40,35 +41,50 @@ def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
+FULL_SOFTMAX = SamplingDistribution()
+"""Temperature 1, nothing truncated."""
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's (first) parameters: where the inputs of its forward must be."""
+    inner = getattr(model, "module", model)
+    return next(inner.parameters()).device
+
+
 def log_probs_from_logits(
     logits: torch.Tensor,
     tokens: torch.Tensor,
-    temperature: float = 1.0,
+    sampling: SamplingDistribution = FULL_SOFTMAX,
     with_entropy: bool = False,
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (B, R) of `tokens` under softmax(logits / temperature), and optionally the entropies (B, R).
-
-    The temperature is the sampling temperature, so the log-probs are those of the policy that sampled. With
-    `entropy_grad=False` the entropies are computed outside the autograd graph (for logging only): the graph then
-    keeps no (B, R, vocabulary) product for the backward pass.
-    """
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    log_probs = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return log_probs, entropy
+    """Log-probs (B, R) of `tokens` under the sampling distribution (temperature, top-k, top-p; see
+    roll_pipeline/models/sampling.py), so that they are those of the policy that sampled, and optionally the
+    entropies (B, R) of that distribution (computed outside the autograd graph with `entropy_grad=False`)."""
+    return sampling.log_probs(logits, tokens, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
 @torch.no_grad()
-def batched_log_probs(model: torch.nn.Module, batch: Batch, micro_batch_size: int, temperature: float) -> torch.Tensor:
-    """(B, R) response log-probs without gradient, computed `micro_batch_size` samples at a time."""
+def batched_log_probs(
+    model: torch.nn.Module, batch: Batch, micro_batch_size: int, sampling: SamplingDistribution
+) -> torch.Tensor:
+    """(B, R) response log-probs without gradient, computed `micro_batch_size` samples at a time on the model's
+    device; the result is on the batch's device."""
+    device, home = model_device(model), batch["response_mask"].device
     parts = []
     for micro in batch.split(micro_batch_size):
+        micro = micro.to(device)
         logits = response_logits(model, micro)
-        parts.append(log_probs_from_logits(logits, micro["response_ids"], temperature)[0])
+        parts.append(log_probs_from_logits(logits, micro["response_ids"], sampling)[0].to(home))
+    return torch.cat(parts) * batch["response_mask"]
+
+
+@torch.no_grad()
+def batched_values(model: torch.nn.Module, batch: Batch, micro_batch_size: int) -> torch.Tensor:
+    """(B, R) value estimates without gradient, `micro_batch_size` samples at a time on the model's device; the
+    result is on the batch's device."""
+    device, home = model_device(model), batch["response_mask"].device
+    parts = [response_values(model, m.to(device)).to(home) for m in batch.split(micro_batch_size)]
     return torch.cat(parts) * batch["response_mask"]
 
 

@@ -233,7 +233,10 @@ class Engine:
         max_batch_sequences: int = 32,
         gather_s: float = 0.01,
         max_gather_s: float = 0.05,
+        device: str | None = None,
     ) -> None:
+        """`device` None: the first visible GPU where torch sees one (in a Ray actor, one it reserved GPUs for),
+        else the CPU."""
         from workers.strategies.hf_infer import HFInferStrategy
 
         if not (served.weights / CONFIG_FILE).is_file():
@@ -244,7 +247,9 @@ class Engine:
                 model_args=ModelArgs(model_name_or_path=str(folder), dtype=dtype),
                 infer_batch_size=max_batch_sequences,
             )
-            self.strategy = HFInferStrategy(config)
+            if device is None:
+                device = "cuda:0" if torch.cuda.is_available() else "cpu"
+            self.strategy = HFInferStrategy(config, device=device, name="engine")
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)

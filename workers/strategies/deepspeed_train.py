@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from roll_pipeline.config import ActorTrainConfig
+from workers.devices import worker_device
 from workers.strategies.loading import DTYPES
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,9 @@ def deepspeed_config(config: ActorTrainConfig) -> dict[str, Any]:
 class DeepSpeedTrainStrategy:
     """Wraps a model in a DeepSpeed engine; the worker drives forward/backward/step through `engine`."""
 
-    def __init__(self, config: ActorTrainConfig, model: torch.nn.Module, total_optimizer_steps: int) -> None:
+    def __init__(
+        self, config: ActorTrainConfig, model: torch.nn.Module, total_optimizer_steps: int, name: str = "actor_train"
+    ) -> None:
         import deepspeed  # heavy; imported only where training happens
 
         ta = config.training_args
@@ -69,7 +72,13 @@ class DeepSpeedTrainStrategy:
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(config)
         )
-        self.device = self.engine.device
+        self.device = torch.device(self.engine.device)
+        expected = worker_device(config, name)
+        if self.device != expected:
+            raise RuntimeError(
+                f"{name}: DeepSpeed placed the model on {self.device}, but the worker's placement gives {expected} "
+                "(workers/devices.py); check DS_ACCELERATOR and CUDA_VISIBLE_DEVICES on this node"
+            )
 
     @property
     def module(self) -> torch.nn.Module:

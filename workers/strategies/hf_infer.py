@@ -9,6 +9,8 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from roll_pipeline.config import ClusterConfig, GeneratingArgs
 from roll_pipeline.models.forward import batched_log_probs
+from roll_pipeline.models.sampling import SamplingDistribution
+from workers.devices import worker_device
 from workers.strategies.loading import eos_token_ids, load_causal_lm, load_tokenizer
 
 
@@ -51,10 +53,14 @@ class _AbortedRows(StoppingCriteria):
 
 
 class HFInferStrategy:
-    def __init__(self, config: ClusterConfig) -> None:
+    """A transformers model on this worker's device (workers/devices.py): prompts go there, results come back
+    on the CPU."""
+
+    def __init__(self, config: ClusterConfig, device: torch.device | str | None = None, name: str = "hf_infer") -> None:
         self.config = config
+        self.device = torch.device(device) if device is not None else worker_device(config, name)
         self.tokenizer = load_tokenizer(config.model_args)
-        self.model = load_causal_lm(config.model_args).eval()
+        self.model = load_causal_lm(config.model_args).eval().to(self.device)
         self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id
 
@@ -94,8 +100,8 @@ class HFInferStrategy:
         prompts_per_call = max(1, self.config.infer_batch_size // num_return_sequences)
         outs, log_probs = [], []
         for start in range(0, prompt_ids.shape[0], prompts_per_call):
-            ids = prompt_ids[start : start + prompts_per_call]
-            mask = prompt_mask[start : start + prompts_per_call]
+            ids = prompt_ids[start : start + prompts_per_call].to(self.device)
+            mask = prompt_mask[start : start + prompts_per_call].to(self.device)
             stopping = None
             if is_aborted is not None:
                 stopping = StoppingCriteriaList([_AbortedRows(is_aborted, start, num_return_sequences)])
@@ -108,9 +114,9 @@ class HFInferStrategy:
                 output_scores=with_log_probs,
             )
             responses = out.sequences[:, ids.shape[1] :]
-            outs.append(responses)
+            outs.append(responses.cpu())
             if with_log_probs:
-                log_probs.append(sampled_log_probs(out.scores, responses))
+                log_probs.append(sampled_log_probs(out.scores, responses).cpu())
         width = max(o.shape[1] for o in outs)
         responses = torch.cat(
             [torch.nn.functional.pad(o, (0, width - o.shape[1]), value=self.pad_id) for o in outs]
@@ -122,8 +128,8 @@ class HFInferStrategy:
             result["infer_log_probs"] = torch.cat(padded) * response_mask
         return result
 
-    def log_probs(self, batch, temperature: float) -> torch.Tensor:
-        return batched_log_probs(self.model, batch, self.config.infer_batch_size, temperature)
+    def log_probs(self, batch, sampling: SamplingDistribution) -> torch.Tensor:
+        return batched_log_probs(self.model, batch, self.config.infer_batch_size, sampling)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state_dict)

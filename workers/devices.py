@@ -1,0 +1,36 @@
+"""Where a worker computes: the one rule every strategy follows.
+
+A worker that its cluster section gives GPUs (`num_gpus_per_worker` > 0 or a `device_mapping`) computes on its
+first visible GPU: Ray sets CUDA_VISIBLE_DEVICES to the GPUs it reserved for the actor, so that GPU is cuda:0 in
+the worker's process (a worker with several GPUs, vLLM with tensor parallelism, hands the rest to its engine). Any
+other worker computes on the CPU. Tensors travel between workers on the CPU (Ray serialises them); each strategy
+moves what enters a forward to its device and what it returns back to the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from roll_pipeline.config import ClusterConfig
+
+
+class NoGPUError(RuntimeError):
+    """A cluster section asks for GPUs where torch sees none."""
+
+
+def wants_gpu(section: ClusterConfig) -> bool:
+    return section.num_gpus_per_worker > 0 or section.device_mapping is not None
+
+
+def worker_device(section: ClusterConfig, name: str = "worker") -> torch.device:
+    """The device of a worker of `section` in this process (see the module's docstring)."""
+    if not wants_gpu(section):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise NoGPUError(
+            f"{name}: its config section asks for GPUs (num_gpus_per_worker={section.num_gpus_per_worker}, "
+            f"device_mapping={section.device_mapping!r}) but torch sees no CUDA device in this process "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda is not None}); install a CUDA build of "
+            "torch on the GPU nodes, or set num_gpus_per_worker: 0 and no device_mapping to run on the CPU"
+        )
+    return torch.device("cuda", 0)
