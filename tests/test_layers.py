@@ -25,6 +25,7 @@ CORE = (
     "roll_pipeline.console",
     "roll_pipeline.models.forward",
     "roll_pipeline.models.sampling",
+    "roll_pipeline.models.pretrained",
     "roll_pipeline.models.embedded",
 )
 #: The middle layer.

@@ -85,6 +85,7 @@ class ActorTrainWorker(TrainedWorker):
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="actor_train.compute_log_probs")
+        self.on_device()
         self.strategy.module.eval()
         return batched_log_probs(self.strategy.module, batch, self.section.infer_batch_size, self.sampling)
 
@@ -122,12 +123,14 @@ class ActorTrainWorker(TrainedWorker):
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The full weights from rank 0. Under ZeRO-3 every rank must take part in gathering them, and the
         other ranks return nothing, so that waiting on them moves no copy of the weights."""
+        self.on_device()
         weights = self.strategy.state_dict_for_inference()
         return weights if self.rank == 0 else {}
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:
         """DeepSpeed's checkpoint and RNG states (every rank), and the weights as a Hugging Face folder (rank 0; a
         model `from_pretrained` loads, e.g. for `roll serve`)."""
+        self.on_device()
         self.strategy.save(path, client_state)
         # Under ZeRO-3 each rank holds a shard: every rank takes part in gathering the whole weights.
         weights = self.strategy.state_dict_for_inference() if self.strategy.zero_stage == 3 else None

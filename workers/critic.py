@@ -22,6 +22,7 @@ class CriticWorker(TrainedWorker):
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="critic.compute_values")
+        self.on_device()
         self.strategy.module.eval()
         return batched_values(self.strategy.module, batch, self.section.infer_batch_size)
 

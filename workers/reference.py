@@ -17,7 +17,13 @@ class ReferenceWorker(Worker):
         super().__init__(seed=pipeline_config.seed, torch_threads=section.torch_threads, **kwargs)
         self.sampling = SamplingDistribution.of(pipeline_config.actor_infer.generating_args)
         self.strategy = HFInferStrategy(section, name="reference")
+        self.offload_states = section.offload_states
+        if self.offload_states:
+            self.strategy.sleep()
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="reference.compute_log_probs")
-        return self.strategy.log_probs(batch, self.sampling)
+        log_probs = self.strategy.log_probs(batch, self.sampling)
+        if self.offload_states:
+            self.strategy.sleep()  # until the next step's log-probs
+        return log_probs

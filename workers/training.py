@@ -77,10 +77,21 @@ class TrainedWorker(Worker):
             self.section, self.model(), self.total_optimizer_steps, self.section_name
         )
 
+    def offload_states(self) -> None:
+        """Weights, gradients and optimizer states to CPU memory while actor_infer generates (section
+        `offload_states`); every call that needs them reloads them first."""
+        if self.section.offload_states:
+            self.strategy.offload()
+
+    def on_device(self) -> None:
+        """The states back on the device, where offload_states left them in CPU memory."""
+        self.strategy.reload()
+
     def train_loop(self, batch: Batch) -> dict[str, float]:
         """`ppo_epochs` passes over the batch in mini-batches of `training_args.minibatch_size`; the metrics
         averaged over the mini-batches, named `<metric_prefix>/<name>`."""
         ta = self.section.training_args
+        self.on_device()
         self.strategy.module.train()
         sums: dict[str, float] = defaultdict(float)
         minibatches = 0
@@ -102,8 +113,10 @@ class TrainedWorker(Worker):
         return {f"{self.metric_prefix}/{k}": v / minibatches for k, v in sums.items()}
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:
+        self.on_device()
         self.strategy.save(path, client_state)
 
     def load_checkpoint(self, path: str) -> dict:
         """Weights, optimizer and LR schedule states and RNG states, as `save_checkpoint` wrote them."""
+        self.on_device()
         return self.strategy.load(path)

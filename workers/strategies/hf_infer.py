@@ -63,6 +63,19 @@ class HFInferStrategy:
         self.model = load_causal_lm(config.model_args).eval().to(self.device)
         self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id
+        self.asleep = False
+
+    def sleep(self) -> None:
+        """The weights to CPU memory until the next call that needs them (a no-op on the CPU)."""
+        if self.device.type != "cpu" and not self.asleep:
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.model.to(self.device)
+            self.asleep = False
 
     def generation_config(self, args: GeneratingArgs, num_return_sequences: int) -> GenerationConfig:
         # top_k 0 is passed as 0, never None: generate fills a None from its defaults (top_k 50), which would
@@ -94,6 +107,7 @@ class HFInferStrategy:
         then unfinished and the caller discards it). `seed`, when given, seeds the sampling first, so the same
         prompts give the same responses (the caller runs one seeded request at a time). `with_log_probs` adds
         `infer_log_probs` (B, R): each token's log-probability under the sampling distribution."""
+        self.wake_up()
         gen_cfg = self.generation_config(args, num_return_sequences)
         if seed is not None:
             torch.manual_seed(seed)
@@ -129,7 +143,8 @@ class HFInferStrategy:
         return result
 
     def log_probs(self, batch, sampling: SamplingDistribution) -> torch.Tensor:
+        self.wake_up()
         return batched_log_probs(self.model, batch, self.config.infer_batch_size, sampling)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state_dict)
+        self.model.load_state_dict(state_dict)  # copies into the parameters wherever they are

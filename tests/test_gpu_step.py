@@ -1,0 +1,77 @@
+"""One RL step of examples/gpu/qwen2.5-0.5b-1x8-colocated.yaml shrunk to one GPU, with vLLM and with hf inference.
+
+Marked `gpu`: skipped (the reason printed by -ra) where torch sees no CUDA device, as on every machine of this
+project's CI. The example's hub model is not reachable offline, so the step runs the same layout (every cluster
+colocated on GPU 0, bfloat16, ZeRO-2 with offloaded states, the reference offloaded between its log-probs) on
+SmolLM2-135M-Instruct where `make real-model` wrote it, else on the embedded tiny model."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+from roll_pipeline.driver.cli import main
+from tests.conftest import EXAMPLES, TINY_MODEL
+
+SMOLLM2 = EXAMPLES / "models" / "smollm2-135m-instruct"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="no CUDA device here: the GPU step runs only where torch sees a GPU (README, 'GPUs')",
+    ),
+]
+
+
+def one_gpu_overrides(engine: str, out, uri: str) -> list[str]:
+    model = SMOLLM2 if (SMOLLM2 / "config.json").is_file() else TINY_MODEL
+    per_cluster = []
+    for section in ("actor_train", "actor_infer", "reference"):
+        per_cluster += [f"{section}.device_mapping=[0]", f"{section}.world_size=1"]
+    infer_config = "{gpu_memory_utilization: 0.3, enable_sleep_mode: true}" if engine == "vllm" else "{}"
+    return [
+        f"pretrain={model}",
+        "ray.num_gpus_per_node=1",
+        *per_cluster,
+        "actor_train.offload_states=true",
+        "reference.offload_states=true",
+        f"actor_infer.offload_states={str(engine == 'hf_infer').lower()}",
+        "actor_train.training_args.per_device_train_batch_size=8",
+        "actor_train.training_args.gradient_accumulation_steps=2",
+        f"actor_infer.strategy_args.strategy_name={engine}",
+        f"actor_infer.strategy_args.strategy_config={infer_config}",
+        "actor_infer.generating_args.max_new_tokens=64",
+        "validation.generating_args.max_new_tokens=64",
+        "rollout_batch_size=2",
+        "max_steps=1",
+        "save_steps=1",
+        "eval_steps=1",
+        "validation.max_prompts=4",
+        f"output_dir={out}",
+        f"tracking.tracking_uri={uri}",
+        "tracking.experiment_name=gpu",
+    ]
+
+
+@pytest.mark.parametrize("engine", ["hf_infer", "vllm"])
+def test_one_rl_step_of_the_colocated_example_on_one_gpu(engine, tmp_path, mlflow_db):
+    from mlflow.tracking import MlflowClient
+
+    if engine == "vllm":
+        pytest.importorskip("vllm", reason="vLLM is not installed: pip install 'roll-pipeline[gpu]'")
+    uri = mlflow_db(tmp_path / "mlflow.db")
+    config = EXAMPLES / "gpu" / "qwen2.5-0.5b-1x8-colocated.yaml"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["run", str(config), *one_gpu_overrides(engine, tmp_path / "run", uri)])
+    assert code == 0, printed.getvalue()[-4000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("gpu").experiment_id])
+    assert run.data.metrics["throughput/generated_tokens"] > 0
+    assert "actor/pg_loss" in run.data.metrics
+    assert (tmp_path / "run" / "checkpoints" / "step_1" / "actor_train" / "hf_model" / "model.safetensors").is_file()
