@@ -77,7 +77,8 @@ def test_dry_run_names_an_unknown_reward_worker(tmp_path, tiny_model, capsys):
 def test_data_generate_writes_files(tmp_path, capsys):
     assert main(["data", "generate", "--out", str(tmp_path)]) == 0
     assert {p.name for p in tmp_path.glob("*.jsonl")} == {
-        "math_train.jsonl", "math_val.jsonl", "code_train.jsonl", "code_val.jsonl"
+        "math_train.jsonl", "math_val.jsonl", "code_train.jsonl", "code_val.jsonl",
+        "word_problems_train.jsonl", "word_problems_val.jsonl",
     }
 
 

@@ -391,9 +391,12 @@ def test_two_nodes_hold_one_placement_group_each():
 
 
 @pytest.mark.slow
-def test_a_run_with_colocated_device_mapped_clusters_completes(tmp_path, tiny_model, mlflow_db):
+def test_a_run_with_colocated_device_mapped_clusters_completes(tmp_path, tiny_model, mlflow_db, monkeypatch):
     from roll_pipeline.driver.pipeline import RLVRPipeline
     from tests.test_pipeline_integration import SMALL
+    from workers.devices import LOGICAL_GPUS
+
+    monkeypatch.setenv(LOGICAL_GPUS, "1")  # Ray's one GPU below is logical: the workers compute on the CPU
 
     overrides = [
         *SMALL,

@@ -9,9 +9,15 @@ moves what enters a forward to its device and what it returns back to the CPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from roll_pipeline.config import ClusterConfig
+
+LOGICAL_GPUS = "ROLL_LOGICAL_GPUS"
+"""Set to 1 where Ray's GPUs are logical resources on a host without any (the placement tests on CPU machines):
+a worker given one computes on the CPU instead of stopping."""
 
 
 class NoGPUError(RuntimeError):
@@ -24,7 +30,7 @@ def wants_gpu(section: ClusterConfig) -> bool:
 
 def worker_device(section: ClusterConfig, name: str = "worker") -> torch.device:
     """The device of a worker of `section` in this process (see the module's docstring)."""
-    if not wants_gpu(section):
+    if not wants_gpu(section) or os.environ.get(LOGICAL_GPUS) == "1":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise NoGPUError(
