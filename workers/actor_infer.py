@@ -95,11 +95,10 @@ class ActorInferWorker(Worker):
         return list(self.batcher.sizes)
 
     def offload(self) -> None:
-        """Free accelerator memory between rollouts (vLLM's sleep mode); the next request wakes the engine."""
-        sleep = getattr(self.strategy, "sleep", None)
-        if sleep is not None:
-            with self.batcher.generation_lock:
-                sleep()
+        """Free accelerator memory between rollouts (vLLM's sleep mode, or the hf weights to CPU memory); the next
+        request wakes the engine."""
+        with self.batcher.generation_lock:
+            self.strategy.sleep()
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
         with self.batcher.generation_lock:

@@ -209,6 +209,11 @@ class ActorTrainConfig(ClusterConfig):
             yield "strategy_args.strategy_name", f"must be one of {list(TRAIN_STRATEGIES)}"
 
     @property
+    def zero_stage(self) -> int:
+        """DeepSpeed ZeRO stage of strategy_config.zero_optimization (0 when not set)."""
+        return int((self.strategy_args.strategy_config.get("zero_optimization") or {}).get("stage", 0))
+
+    @property
     def samples_per_update(self) -> int:
         """Samples per optimizer step over all ranks: the mini-batch size times world_size."""
         return self.training_args.minibatch_size * self.world_size
@@ -626,12 +631,11 @@ class PipelineConfig:
             yield "critic_warmup", "must be >= 0"
         for name in ("actor_train", "critic"):
             section = getattr(self, name)
-            stage = (section.strategy_args.strategy_config.get("zero_optimization") or {}).get("stage", 0) if section else 0
-            if section is not None and section.offload_states and stage not in (1, 2, 3):
+            if section is not None and section.offload_states and section.zero_stage not in (1, 2, 3):
                 yield (
                     f"{name}.offload_states",
                     f"needs strategy_config.zero_optimization.stage 1, 2 or 3 (DeepSpeed offloads the states of a "
-                    f"ZeRO optimizer only), got stage {stage}",
+                    f"ZeRO optimizer only), got stage {section.zero_stage}",
                 )
         if self.actor_infer.offload_states and self.async_generation_ratio > 0:
             yield (

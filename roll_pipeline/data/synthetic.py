@@ -157,14 +157,15 @@ def _prompt_text(row: dict) -> str:
     return row["messages"][0]["content"]
 
 
-def _unique_rows(
-    make_row: Callable[[random.Random], dict],
+def unique_rows(
+    make_row: Callable[[random.Random, int], dict],
     n: int,
     seed: int,
     domain: str,
     key: Callable[[dict], str] = _prompt_text,
 ) -> list[dict]:
-    """Draw rows until `n` rows with distinct `key`s exist; ids are assigned in draw order."""
+    """Draw rows until `n` rows with distinct `key`s exist (`make_row(rng, i)` draws a candidate for row i, from
+    an RNG seeded by domain and seed); ids are assigned in draw order."""
     rng = random.Random(f"{domain}:{seed}")
     rows: list[dict] = []
     seen: set[str] = set()
@@ -173,7 +174,7 @@ def _unique_rows(
     for _ in range(50 * n + 1000):
         if len(rows) == n:
             break
-        row = make_row(rng)
+        row = make_row(rng, len(rows))
         identity = key(row)
         if identity in seen:
             continue
@@ -187,12 +188,12 @@ def _unique_rows(
 
 def generate_math(n: int, seed: int) -> list[dict]:
     """Return `n` math rows with distinct problems (not just prompts), fully determined by `seed`."""
-    return _unique_rows(_math_row, n, seed, "math", key=_math_problem)
+    return unique_rows(lambda rng, _: _math_row(rng), n, seed, "math", key=_math_problem)
 
 
 def generate_code(n: int, seed: int) -> list[dict]:
     """Return `n` code rows with distinct prompts, fully determined by `seed`."""
-    return _unique_rows(_code_row, n, seed, "code")
+    return unique_rows(lambda rng, _: _code_row(rng), n, seed, "code")
 
 
 def _split(rows: Sequence[dict], n_val: int, domain: str) -> dict[str, list[dict]]:
@@ -341,7 +342,7 @@ def open_subject(row: dict) -> str:
 
 def generate_open(n: int, seed: int) -> list[dict]:
     """Return `n` open-answer rows with distinct prompts, fully determined by `seed`."""
-    return _unique_rows(_open_row, n, seed, "open")
+    return unique_rows(lambda rng, _: _open_row(rng), n, seed, "open")
 
 
 def _wrong_answers(row: dict) -> tuple[list[str], list[str]]:

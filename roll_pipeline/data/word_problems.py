@@ -12,6 +12,8 @@ import json
 import random
 from pathlib import Path
 
+from roll_pipeline.data.synthetic import unique_rows
+
 NAMES = ("Ava", "Ben", "Chloe", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivan", "June")
 THINGS = ("apples", "books", "coins", "marbles", "stickers", "pencils", "shells", "cards")
 
@@ -46,20 +48,7 @@ def _draw(rng: random.Random, style: str) -> dict:
 
 def generate_word_problems(n: int, seed: int) -> list[dict]:
     """`n` rows with distinct questions, alternating GSM8K and MATH style, fully determined by `seed`."""
-    rng = random.Random(f"word_problems:{seed}")
-    rows: list[dict] = []
-    seen: set[str] = set()
-    for _ in range(50 * n + 1000):
-        if len(rows) == n:
-            break
-        row = _draw(rng, ("gsm8k", "boxed")[len(rows) % 2])
-        question = row["messages"][0]["content"]
-        if question not in seen:
-            seen.add(question)
-            rows.append(row)
-    if len(rows) < n:
-        raise ValueError(f"could only draw {len(rows)} distinct word problems, {n} requested")
-    return rows
+    return unique_rows(lambda rng, i: _draw(rng, ("gsm8k", "boxed")[i % 2]), n, seed, "word_problems")
 
 
 def write_word_problems(out_dir: Path, seed: int = 0, n_train: int = 400, n_val: int = 64) -> dict[str, Path]:
@@ -72,6 +61,7 @@ def write_word_problems(out_dir: Path, seed: int = 0, n_train: int = 400, n_val:
         path = out_dir / f"word_problems_{split}.jsonl"
         with path.open("w", encoding="utf-8", newline="\n") as handle:
             for index, row in enumerate(part):
-                handle.write(json.dumps({"id": f"wp-{split}-{index:06d}", "domain": "math", **row}) + "\n")
+                fields = {k: v for k, v in row.items() if k != "id"}  # drawn ids; each split numbers its own
+                handle.write(json.dumps({"id": f"wp-{split}-{index:06d}", "domain": "math", **fields}) + "\n")
         paths[f"word_problems_{split}"] = path
     return paths

@@ -51,10 +51,6 @@ class Need:
     what: str
 
 
-def _zero_stage(section) -> int:
-    return int((section.strategy_args.strategy_config.get("zero_optimization") or {}).get("stage", 0))
-
-
 def needs(cfg) -> list[Need]:
     """Each model-holding cluster's lower bound per worker (see the module docstring)."""
     out = []
@@ -67,7 +63,7 @@ def needs(cfg) -> list[Need]:
             continue
         weight_bytes = BYTES[section.model_args.dtype]
         if name in ("actor_train", "critic"):
-            stage, ranks = _zero_stage(section), section.world_size
+            stage, ranks = section.zero_stage, section.world_size
             per_param = ADAM_AND_GRADS_BYTES
             sharded = {0: 0, 1: 12, 2: 12 + weight_bytes, 3: per_param}[min(stage, 3)]
             per_worker = params * ((per_param - sharded) + sharded / ranks)

