@@ -55,6 +55,7 @@ def section(*overrides: str):
 
 def test_a_worker_without_gpus_computes_on_the_cpu_and_one_with_gpus_on_its_first_visible_gpu(monkeypatch):
     assert worker_device(section()) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this project's machines, also on a GPU host
     with pytest.raises(NoGPUError, match=r"reference: .*num_gpus_per_worker=1.*no CUDA device"):
         worker_device(section("reference.num_gpus_per_worker=1"), "reference")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

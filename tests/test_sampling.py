@@ -57,6 +57,11 @@ def strategy(tiny_model):
     ids=["full", "top_p", "top_k"],
 )
 def test_sampled_token_frequencies_match_the_log_probs_the_losses_use(strategy, temperature, top_p, top_k):
+    assert_sampling_matches_the_log_probs(strategy, temperature, top_p, top_k)
+
+
+def assert_sampling_matches_the_log_probs(strategy, temperature: float, top_p: float, top_k: int) -> None:
+    """The check itself, on the strategy's device (tests/test_gpu_device_paths.py runs it on a GPU)."""
     args = GeneratingArgs(max_new_tokens=1, temperature=temperature, top_p=top_p, top_k=top_k)
     ids = strategy.tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True, tokenize=True
