@@ -7,7 +7,7 @@ PLUGIN_EXAMPLE := tests/fixtures/roll_reward_plugin_example
 CONFIG ?= examples/math_code.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install model real-model run test test-gpu test-fast lint clean browser ui soak
+.PHONY: install model real-model reward-model run test test-gpu test-fast lint clean browser ui soak
 
 install: $(STAMP)
 
@@ -98,6 +98,13 @@ sandbox-deps:
 test test-fast: judge-model
 judge-model: install
 	$(BIN)/roll model build tiny-qwen2-judge tiny-qwen2-multi
+
+# The tiny reward model of examples/reward_model.yaml (tiny-qwen2's backbone with a scalar head, about 50 s to
+# build); cached like `make model`. Part of `test` and `test-fast`.
+.PHONY: reward-model
+test test-fast: reward-model
+reward-model: model
+	$(BIN)/roll model build tiny-qwen2-rm
 
 # The MLflow UI on 127.0.0.1 for the local tracking store (MLFLOW_TRACKING_URI, else ./mlflow.db).
 ui: install

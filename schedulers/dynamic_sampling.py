@@ -26,6 +26,7 @@ import logging
 import math
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from roll_pipeline.data.loading import prompt_messages
 from schedulers.filters import filter_group
 from workers.actor_infer import StaleWeightsError
 from workers.rewards.base import reward_sample
+from workers.rewards.combine import Component, combine
 from workers.rewards.scored import MASK_WORKER_LOST, ScoredSample
 from workers.rewards.worker import domain_metrics
 
@@ -148,9 +150,17 @@ class DynamicSamplingScheduler:
         self.response_filters = {k: dict(v or {}) for k, v in reward_cfg.response_filters.items()}
         self.tokenizer = load_tokenizer(cfg.actor_infer.model_args)
         self.infer_workers = infer_workers
-        self.reward_workers = reward_workers
+        self.components = [Component(c.label, c.weight, c.on_masked) for c in reward_cfg.components()]
+        if not isinstance(reward_workers, Mapping):  # one reward: its workers
+            reward_workers = {self.components[0].name: reward_workers}
+        if set(reward_workers) != {c.name for c in self.components}:
+            raise ValueError(
+                f"domain {domain!r}: reward workers for {sorted(reward_workers)}, but its rewards are "
+                f"{[c.name for c in self.components]}"
+            )
+        self.reward_workers = dict(reward_workers)
         self._next_infer = itertools.cycle(range(len(infer_workers)))
-        self._next_reward = itertools.cycle(range(len(reward_workers)))
+        self._next_reward = {name: itertools.cycle(range(len(w))) for name, w in self.reward_workers.items()}
         self.seed, self.deterministic = cfg.seed, cfg.deterministic
         self.weights_version, self.weights_ref = 0, None
         self.infer_retries = self.reward_failures = 0
@@ -317,18 +327,27 @@ class DynamicSamplingScheduler:
                 await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
 
     async def _score_unique(self, samples: list[dict[str, Any]]) -> list[ScoredSample]:
-        """Score on the next reward worker. Ray restarts a dead one and sends the batch again; when the workers
-        stay dead (every one tried), the samples are masked as `worker_lost` and the step goes on."""
-        for _ in range(len(self.reward_workers)):
-            worker = next(self._next_reward)
+        """Every reward of the domain scores the samples at once; their judgements are combined per sample
+        (workers/rewards/combine.py)."""
+        names = [c.name for c in self.components]
+        judged = await asyncio.gather(*(self._score_component(name, samples) for name in names))
+        return combine(self.components, dict(zip(names, judged, strict=True)))
+
+    async def _score_component(self, name: str, samples: list[dict[str, Any]]) -> list[ScoredSample]:
+        """Score on the component's next reward worker. Ray restarts a dead one and sends the batch again; when
+        the workers stay dead (every one tried), the samples are masked as `worker_lost` and the step goes on."""
+        workers = self.reward_workers[name]
+        label = self.domain if len(self.components) == 1 else f"{self.domain}/{name}"
+        for _ in range(len(workers)):
+            worker = next(self._next_reward[name])
             try:
-                return await self.reward_workers[worker].score_batch.remote(samples)
+                return await workers[worker].score_batch.remote(samples)
             except RayActorError as exc:
                 self.reward_failures += 1
                 logger.warning(
-                    "domain %r: reward worker %d failed (%s)", self.domain, worker, str(exc).splitlines()[0][:200]
+                    "domain %r: reward worker %d failed (%s)", label, worker, str(exc).splitlines()[0][:200]
                 )
-        logger.warning("domain %r: no reward worker answered; %d sample(s) masked", self.domain, len(samples))
+        logger.warning("domain %r: no reward worker answered; %d sample(s) masked", label, len(samples))
         return [ScoredSample.masked_as(MASK_WORKER_LOST) for _ in samples]
 
     def set_weights(self, version: int, weights: list[ray.ObjectRef]) -> None:
@@ -479,7 +498,11 @@ class DynamicSamplingScheduler:
         scores = [r.score for g in scored for r in g.results if not r.masked]
         if scores:
             metrics[f"{p}/reward_mean"] = sum(scores) / len(scores)
-        return metrics | domain_metrics(self.domain, [r for g in scored for r in g.results])
+        results = [r for g in scored for r in g.results]
+        if len(self.components) > 1:
+            for c in self.components:
+                metrics |= domain_metrics(f"{self.domain}/{c.name}", [r.components[c.name] for r in results])
+        return metrics | domain_metrics(self.domain, results)
 
     def state_dict(self) -> dict[str, Any]:
         """The data position and everything the next draws depend on: the sampler, the pass-rate estimate, the

@@ -50,12 +50,11 @@ def header_commands(example: str) -> list[str]:
 
 
 def models_used(example: str) -> set[str]:
-    """Folder names of the embedded models an example runs on: those its config points at (policy, local judge)
-    and the judge its header serves."""
+    """Folder names of the embedded models an example runs on: those its config points at (policy, local judge,
+    reward model) and the judge its header serves."""
     cfg = yaml.safe_load((EXAMPLES / example).read_text())
-    paths = [cfg["pretrain"]] + [
-        reward.get("options", {}).get("model_path", "") for reward in cfg["rewards"].values()
-    ]
+    blocks = [b for reward in cfg["rewards"].values() for b in [reward, *reward.get("workers", [])]]
+    paths = [cfg["pretrain"]] + [block.get("options", {}).get("model_path", "") for block in blocks]
     paths += [shlex.split(c)[2] for c in header_commands(example) if c.startswith("roll serve ")]
     return {Path(p).name for p in paths if Path(p).name in EMBEDDED_MODELS}
 

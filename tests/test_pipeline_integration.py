@@ -58,7 +58,7 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
             "actor_infer": pipeline.actor_infer,
             "reference": pipeline.reference,
             "critic": pipeline.critic,
-            **{f"reward_{d}": c for d, c in pipeline.rewards.items()},
+            **{c.name: c for c in pipeline.reward_clusters()},
         }
         assert set(clusters) == {"actor_train", "actor_infer", "reference", "critic", "reward_math", "reward_code"}
         for name, cluster in clusters.items():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from types import SimpleNamespace
 
 import pytest
 
@@ -30,8 +29,11 @@ def rec(domain, tag, correct, length=4, finish="stop", score=None, pid=None, tex
 
 def rewards(**workers):
     """``rewards.<domain>`` blocks as answer_keys reads them: domain=worker or domain=(worker, options)."""
+    from roll_pipeline.config.schema import RewardConfig
+
     return {
-        d: SimpleNamespace(worker=w[0], options=w[1]) if isinstance(w, tuple) else SimpleNamespace(worker=w, options={})
+        d: RewardConfig(tag_included=[d], worker=w[0], options=w[1]) if isinstance(w, tuple)
+        else RewardConfig(tag_included=[d], worker=w)
         for d, w in workers.items()
     }
 

@@ -30,13 +30,22 @@ def wants_gpu(section: ClusterConfig) -> bool:
 
 def worker_device(section: ClusterConfig, name: str = "worker") -> torch.device:
     """The device of a worker of `section` in this process (see the module's docstring)."""
-    if not wants_gpu(section) or os.environ.get(LOGICAL_GPUS) == "1":
+    asked = f"num_gpus_per_worker={section.num_gpus_per_worker}, device_mapping={section.device_mapping!r}"
+    return _device(wants_gpu(section), name, asked, "set num_gpus_per_worker: 0 and no device_mapping")
+
+
+def gpu_or_cpu(num_gpus: float, name: str = "worker") -> torch.device:
+    """The device of a worker that asked Ray for `num_gpus` GPUs (a reward worker's num_gpus_per_worker)."""
+    return _device(num_gpus > 0, name, f"num_gpus_per_worker={num_gpus}", "set num_gpus_per_worker: 0")
+
+
+def _device(gpu: bool, name: str, asked: str, instead: str) -> torch.device:
+    if not gpu or os.environ.get(LOGICAL_GPUS) == "1":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise NoGPUError(
-            f"{name}: its config section asks for GPUs (num_gpus_per_worker={section.num_gpus_per_worker}, "
-            f"device_mapping={section.device_mapping!r}) but torch sees no CUDA device in this process "
+            f"{name}: its config section asks for GPUs ({asked}) but torch sees no CUDA device in this process "
             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda is not None}); install a CUDA build of "
-            "torch on the GPU nodes, or set num_gpus_per_worker: 0 and no device_mapping to run on the CPU"
+            f"torch on the GPU nodes, or {instead} to run on the CPU"
         )
     return torch.device("cuda", 0)

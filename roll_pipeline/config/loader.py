@@ -85,14 +85,23 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for item in overrides:
         keys, value = parse_override(item)
         node = tree
-        for depth, part in enumerate(keys[:-1]):
-            nxt = node.get(part)
+        for depth, part in enumerate(keys):
+            if isinstance(node, list):  # a list item by its index: rewards.math.workers.1.weight=0.3
+                if not (part.isdigit() and int(part) < len(node)):
+                    raise ConfigError(
+                        f"override {item!r}: {'.'.join(keys[:depth])} is a list of {len(node)}; "
+                        f"{part!r} is not one of its indices"
+                    )
+                part = int(part)
+            if depth == len(keys) - 1:
+                node[part] = value
+                break
+            nxt = node[part] if isinstance(node, list) else node.get(part)
             if nxt is None:
                 nxt = node[part] = {}
-            elif not isinstance(nxt, dict):
+            elif not isinstance(nxt, dict | list):
                 raise ConfigError(f"override {item!r}: {'.'.join(keys[: depth + 1])} is not a section")
             node = nxt
-        node[keys[-1]] = value
     return tree
 
 

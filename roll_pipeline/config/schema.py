@@ -6,9 +6,11 @@ paths and reports every problem at once. Field names follow ROLL's where they me
 
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from roll_pipeline.config.devices import parse_device_mapping
@@ -249,18 +251,55 @@ class CriticConfig(ActorTrainConfig):
             yield "value_clip", f"must be > 0 (or null for no clipping), got {self.value_clip}"
 
 
+COMPONENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
 @dataclass(frozen=True, kw_only=True)
-class RewardConfig:
-    """One domain: the worker that scores it and the data tags routed to it."""
+class RewardComponentConfig:
+    """One of several rewards of a domain (`rewards.<domain>.workers`): its scorer, its weight in the domain's
+    reward, and what its masking does to the sample. Unset resources are the domain's."""
 
     worker: str
     """A registered reward worker name (`roll rewards list`) or a `package.module:Class` path."""
+    weight: float = 1.0
+    """The domain's reward of a sample is the weighted sum of its components' scores."""
+    name: str | None = None
+    """Its metrics' name (`reward/<domain>/<name>/...`) and its Ray cluster's (`reward_<domain>_<name>`); default:
+    the worker's registered name (or the class name of a path)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    on_masked: str = "mask"
+    """This component masked a sample (an infrastructure failure, or a sample it cannot judge): `mask` masks the
+    sample; `skip` leaves the component out of that sample's sum, the other components' weights scaled up so the
+    sum keeps its scale (a sample that every component skips is masked)."""
+    world_size: int | None = None
+    num_cpus_per_worker: float | None = None
+    num_gpus_per_worker: float | None = None
+    timeout_s: float | None = None
+    num_processes: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.worker.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    """One domain: the worker(s) that score it and the data tags routed to it."""
+
     tag_included: list[str]
     """Rows whose `tag` is in this list belong to this domain."""
+    worker: str | None = None
+    """A registered reward worker name (`roll rewards list`) or a `package.module:Class` path. Or, instead,
+    `workers`: several weighted rewards."""
+    workers: list[RewardComponentConfig] = field(default_factory=list)
+    """Several rewards combined per sample, e.g. `[{worker: math_rule, weight: 1.0}, {worker: reward_model,
+    weight: 0.5, options: {model_path: ...}}]`; the first one's `correct` is the domain's accuracy."""
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword options for the worker's scorer (e.g. timeout_s for code_sandbox)."""
     world_size: int = 1
     num_cpus_per_worker: float = 1.0
+    num_gpus_per_worker: float = 0.0
+    """GPUs each reward worker asks Ray for (a reward model on a GPU); 0: it runs on the CPU."""
     timeout_s: float = 30.0
     """Per-sample scoring time limit; a sample that runs past it is masked, never scored 0."""
     num_processes: int = 2
@@ -277,10 +316,53 @@ class RewardConfig:
     """Named response filters: a rejected response stays in its group but leaves the loss (sample_mask 0);
     `{truncated: {}}` masks responses cut off by max_new_tokens (DAPO's overlong filtering)."""
 
+    def components(self) -> list[RewardComponentConfig]:
+        """The domain's rewards with every resource set: `workers`, or the one `worker` (weight 1)."""
+        listed = self.workers or [RewardComponentConfig(worker=self.worker or "", options=self.options)]
+        return [
+            replace(
+                c,
+                name=c.label,
+                world_size=self.world_size if c.world_size is None else c.world_size,
+                num_cpus_per_worker=self.num_cpus_per_worker if c.num_cpus_per_worker is None else c.num_cpus_per_worker,
+                num_gpus_per_worker=self.num_gpus_per_worker if c.num_gpus_per_worker is None else c.num_gpus_per_worker,
+                timeout_s=self.timeout_s if c.timeout_s is None else c.timeout_s,
+                num_processes=self.num_processes if c.num_processes is None else c.num_processes,
+            )
+            for c in listed
+        ]
+
     def validate(self) -> Iterator[tuple[str, str]]:
         # Filter names are checked against their registry by the driver (roll_pipeline/driver/names.py).
         if not self.tag_included:
             yield "tag_included", "must list at least one tag"
+        if (self.worker is None) == (not self.workers):
+            yield "worker", "set either worker (one reward) or workers (several weighted rewards), not both or neither"
+        if self.workers and self.options:
+            yield "options", "with workers, each component has its own options: move them to workers[i].options"
+        if self.num_gpus_per_worker < 0:
+            yield "num_gpus_per_worker", "must be >= 0"
+        if self.workers and self.workers[0].on_masked != "mask":
+            yield "workers[0].on_masked", "the first component decides `correct` (accuracy), so it must be `mask`"
+        names: set[str] = set()
+        for i, c in enumerate(self.workers):
+            where = f"workers[{i}]"
+            if not c.worker:
+                yield f"{where}.worker", "must name a reward worker"
+            if c.on_masked not in ("mask", "skip"):
+                yield f"{where}.on_masked", f"must be one of ['mask', 'skip'], got {c.on_masked!r}"
+            if not (c.weight > 0 and math.isfinite(c.weight)):
+                yield f"{where}.weight", f"must be a number > 0, got {c.weight}"
+            if not COMPONENT_NAME.fullmatch(c.label):
+                yield f"{where}.name", f"{c.label!r} must be letters, digits and _ (it names metrics and a Ray cluster)"
+            elif c.label in names:
+                yield f"{where}.name", f"{c.label!r} names two components: give one a `name`"
+            names.add(c.label)
+            for key in ("world_size", "num_processes"):
+                if getattr(c, key) is not None and getattr(c, key) < 1:
+                    yield f"{where}.{key}", "must be >= 1"
+            if c.timeout_s is not None and c.timeout_s <= 0:
+                yield f"{where}.timeout_s", "must be > 0"
         if self.max_prompts_factor is not None and self.max_prompts_factor < 1:
             yield "max_prompts_factor", f"must be >= 1 (a domain must be able to draw its share), got {self.max_prompts_factor}"
         if self.world_size < 1:

@@ -103,7 +103,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
                 val_prompt_ids=val[domain].prompt_ids if domain in val else [],
                 pipeline_config=cfg,
                 infer_workers=self.actor_infer.workers,
-                reward_workers=self.rewards[domain].workers,
+                reward_workers={name: cluster.workers for name, cluster in self.rewards[domain].items()},
             )
             for domain in cfg.domain_interleave_probs
         }
@@ -119,7 +119,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             self.tracker = MlflowTracker(cfg.tracking, spool_root, resume_spool=state["mlflow_spool"])
         self.tracker.log_dict(self.resolved.to_dict(), "resolved_config.json")
         self.tracker.set_tags({**run_tags(self.resolved, cfg.tracking.hash_inputs), "pretrain": cfg.pretrain})
-        clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.rewards.values()]
+        clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.reward_clusters()]
         self.memory = MemoryProbe({c.name: c.workers for c in clusters if c is not None})
         self.answer_keys = answer_keys(cfg.rewards)
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)

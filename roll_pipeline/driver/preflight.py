@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import itertools
@@ -200,12 +201,16 @@ def _row_checks(cfg) -> dict[str, RowCheck]:
     def both(scorer_check: RowCheck | None) -> RowCheck:
         return lambda row: itertools.chain(contract_problems(row), scorer_check(row) if scorer_check else ())
 
+    def every(checks: list[RowCheck]) -> RowCheck:
+        return lambda row: itertools.chain.from_iterable(check(row) for check in checks)
+
     out = {}
     for domain, reward in cfg.rewards.items():
-        try:
-            out[domain] = both(get_reward_scorer_cls(reward.worker).check_row)
-        except Exception:  # reported once, by _reward_checks
-            out[domain] = both(None)
+        checks = []
+        for component in reward.components():
+            with contextlib.suppress(Exception):  # a scorer that does not load is reported once, by _reward_checks
+                checks.append(get_reward_scorer_cls(component.worker).check_row)
+        out[domain] = both(every(checks))
     return out
 
 
@@ -214,15 +219,19 @@ def _reward_checks(cfg) -> list[Check]:
 
     out = []
     for domain, reward in cfg.rewards.items():
-        key = f"rewards.{domain}.worker"
-        try:
-            scorer_cls = get_reward_scorer_cls(reward.worker)
-            scorer_cls(**reward.options)
-            filters = [*reward.response_filters, *reward.group_filters]
-            detail = f"{reward.worker} -> {scorer_cls.__module__}:{scorer_cls.__qualname__}"
-            out.append(Check(key, True, detail + (f"; filters: {', '.join(filters)}" if filters else "")))
-        except Exception as exc:  # unknown worker, import error, bad option: all user-facing findings
-            out.append(Check(key, False, str(exc)))
+        several = bool(reward.workers)
+        for i, component in enumerate(reward.components()):
+            key = f"rewards.{domain}.workers[{i}]" if several else f"rewards.{domain}.worker"
+            try:
+                scorer_cls = get_reward_scorer_cls(component.worker)
+                scorer_cls(**component.options)
+                filters = [*reward.response_filters, *reward.group_filters] if i == 0 else []
+                detail = f"{component.worker} -> {scorer_cls.__module__}:{scorer_cls.__qualname__}"
+                if several:
+                    detail = f"{component.label}: {detail}, weight {component.weight:g}, on_masked {component.on_masked}"
+                out.append(Check(key, True, detail + (f"; filters: {', '.join(filters)}" if filters else "")))
+            except Exception as exc:  # unknown worker, import error, bad option: all user-facing findings
+                out.append(Check(key, False, str(exc)))
     return out
 
 

@@ -13,6 +13,7 @@ from ray.exceptions import RayActorError
 
 from roll_pipeline.algorithms import needs_critic
 from roll_pipeline.config import PipelineConfig
+from roll_pipeline.config.schema import RewardComponentConfig
 from roll_pipeline.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.distributed.placement import DevicePool, plan_for
@@ -76,7 +77,7 @@ def init_ray(cfg: PipelineConfig) -> bool:
         return True
     sections = [cfg.actor_train, cfg.actor_infer, cfg.reference, cfg.critic]
     needed = sum(s.world_size * s.num_cpus_per_worker for s in sections if s is not None)
-    needed += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
+    needed += sum(c.world_size * c.num_cpus_per_worker for r in cfg.rewards.values() for c in r.components())
     num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
     start_local_ray(num_cpus)
     return True
@@ -155,33 +156,42 @@ class ClusterRuntime:
             if needs_critic(cfg.adv_estimator)
             else None
         )
-        self.rewards = {domain: self._reward_cluster(domain) for domain in cfg.domain_interleave_probs}
+        self.rewards = {
+            domain: {c.label: self._reward_cluster(domain, c, len(cfg.rewards[domain].components()) > 1)
+                     for c in cfg.rewards[domain].components()}
+            for domain in cfg.domain_interleave_probs
+        }
         for trained in filter(None, [self.actor_train, self.critic]):
             trained.init_process_group()
         ray.get([ref for c in filter(None, [self.actor_train, self.critic]) for ref in c.call_async("initialize")])
 
-    def _reward_cluster(self, domain: str) -> Cluster:
+    def _reward_cluster(self, domain: str, component: RewardComponentConfig, several: bool) -> Cluster:
+        """The Ray cluster of one reward of `domain`: `reward_<domain>`, or `reward_<domain>_<name>` for one of
+        several (rewards.<domain>.workers)."""
         from workers.rewards.worker import RewardWorker
 
-        r = self.cfg.rewards[domain]
         return Cluster(
-            f"reward_{domain}",
+            f"reward_{domain}_{component.label}" if several else f"reward_{domain}",
             RewardWorker,
-            world_size=r.world_size,
-            num_cpus=r.num_cpus_per_worker,
-            num_gpus=0,
+            world_size=component.world_size,
+            num_cpus=component.num_cpus_per_worker,
+            num_gpus=component.num_gpus_per_worker,
             worker_kwargs={
-                "domain": domain,
-                "worker_spec": r.worker,
-                "options": r.options,
-                "timeout_s": r.timeout_s,
-                "processes": r.num_processes,
+                "domain": f"{domain}/{component.label}" if several else domain,
+                "worker_spec": component.worker,
+                "options": component.options,
+                "timeout_s": component.timeout_s,
+                "processes": component.num_processes,
+                "num_gpus": component.num_gpus_per_worker,
             },
             env_vars=worker_env(1),
             pass_rank=False,
             max_restarts=self.cfg.ray.worker_restarts,
             max_task_retries=self.cfg.ray.worker_restarts,
         )
+
+    def reward_clusters(self) -> list[Cluster]:
+        return [cluster for by_name in getattr(self, "rewards", {}).values() for cluster in by_name.values()]
 
     def shutdown(self) -> None:
         for scheduler in getattr(self, "schedulers", {}).values():
@@ -191,7 +201,7 @@ class ClusterRuntime:
             cluster = getattr(self, name, None)
             if cluster is not None:
                 cluster.shutdown()
-        for cluster in getattr(self, "rewards", {}).values():
+        for cluster in self.reward_clusters():
             cluster.shutdown()
         if getattr(self, "device_pool", None) is not None:
             self.device_pool.release()

@@ -36,14 +36,16 @@ AnswerKey = Callable[[str], Hashable | None]
 
 
 def answer_keys(rewards: Mapping[str, Any]) -> dict[str, AnswerKey | None]:
-    """domain -> its scorer's ``answer_key`` (the scorer built with the domain's options), for maj@k; None where
-    the scorer has none. ``rewards`` maps a domain to its ``rewards.<domain>`` block (``worker``, ``options``)."""
+    """domain -> its scorer's ``answer_key`` (the scorer built with the domain's options; with several rewards,
+    the first one's), for maj@k; None where the scorer has none. ``rewards`` maps a domain to its
+    ``rewards.<domain>`` block."""
     from workers.rewards.registry import get_reward_scorer_cls
 
     keys: dict[str, AnswerKey | None] = {}
     for domain, reward in rewards.items():
-        scorer_cls = get_reward_scorer_cls(reward.worker)
-        keys[domain] = scorer_cls(**dict(reward.options or {})).answer_key if scorer_cls.has_answer_key else None
+        first = reward.components()[0]
+        scorer_cls = get_reward_scorer_cls(first.worker)
+        keys[domain] = scorer_cls(**dict(first.options or {})).answer_key if scorer_cls.has_answer_key else None
     return keys
 
 

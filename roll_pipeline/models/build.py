@@ -17,6 +17,12 @@ def build_problems(name: str, model_dir: Path) -> list[str]:
     model = EMBEDDED_MODELS[name]
     info = json.loads((Path(model_dir) / BUILD_INFO).read_text())
     problems = []
+    if model.reward_model:
+        if info["heldout_pairwise_accuracy"] < model.min_heldout_accuracy:
+            problems.append(f"held-out pairwise accuracy {info['heldout_pairwise_accuracy']} < {model.min_heldout_accuracy}")
+        if info["final_loss"] > model.max_final_loss:
+            problems.append(f"final loss {info['final_loss']} > {model.max_final_loss}")
+        return problems
     if info["heldout_greedy_accuracy"] < model.min_heldout_accuracy:
         problems.append(f"held-out accuracy {info['heldout_greedy_accuracy']} < {model.min_heldout_accuracy}")
     if info["final_loss"] > model.max_final_loss:
@@ -39,6 +45,11 @@ def build_embedded_model(name: str, models_dir: Path = MODELS_DIR, data_dir: Pat
     if missing:
         raise FileNotFoundError(f"training data of {name} not found: {', '.join(missing)} "
                                 "(run `roll model build` from the repository root, where examples/data holds it)")
+    if model.reward_model:
+        from roll_pipeline.models.tiny_reward import build_tiny_reward_model
+
+        base = build_embedded_model("tiny-qwen2", models_dir, data_dir)  # its backbone; reused when built
+        return build_tiny_reward_model(models_dir / name, base, *files, seed=seed)
     if model.judge:
         from roll_pipeline.models.tiny_judge import build_tiny_judge
 

@@ -42,6 +42,10 @@ class EmbeddedModel:
     """Built as the tiny judge (larger vocabulary, longer warm-up, verdicts measured after the build)."""
     min_verdict_accuracy: float = 0.0
     """For the judge: the least share of right verdicts on judge_val.jsonl (judge_eval.json)."""
+    reward_model: bool = False
+    """Built as the tiny reward model (roll_pipeline/models/tiny_reward.py) from tiny-qwen2: train_files are its
+    training and held-out rows; min_heldout_accuracy bounds its held-out pairwise accuracy (right answer scored
+    above a wrong one; chance 0.5), max_final_loss its Bradley-Terry loss (chance ln 2 = 0.69)."""
 
 
 # Quality bounds: each build's own figures (build_info.json, judge_eval.json) of seeds 0-3, measured 2026-11-25 on
@@ -52,6 +56,9 @@ class EmbeddedModel:
 # Each bound sits beyond the worst of the four, with room for another processor's build; a warm-up that did not
 # happen or went wrong ends near ln(vocabulary) = 6 in loss with no answer right (the 3-step build of
 # tests/test_tiny_model.py).
+#   tiny-qwen2-rm     held-out pairwise accuracy 0.87 / 0.93 (chance 0.5), final loss 0.150 / 0.242 (chance 0.69),
+#                     measured 2026-11-26 on the AMD EPYC, seeds 0-3; an untrained head: 0.51 and 0.69
+RM_BOUNDS = {"accuracy": 0.7, "loss": 0.5}
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     model.name: model
     for model in (
@@ -70,6 +77,11 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
                        ("96a3a71ef9aba8eef7f2fe92ce6b3af03bddb754c563d50440830e34e88a8505", AMD_EPYC_ZEN4)),
                       min_heldout_accuracy=0.5, max_final_loss=0.25, judge=True,
                       min_verdict_accuracy=0.6),
+        EmbeddedModel("tiny-qwen2-rm", "the reward model of examples/reward_model.yaml",
+                      ("math_train.jsonl", "math_val.jsonl"),
+                      (("97191cc08b940a86c1b426921b9d16b6496652dc9526f9993d93dd091d7c230e", AMD_EPYC_ZEN4),),
+                      RM_BOUNDS["accuracy"], RM_BOUNDS["loss"],
+                      reward_model=True),
     )
 }
 

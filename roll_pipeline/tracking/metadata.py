@@ -79,7 +79,10 @@ def run_tags(resolved: ResolvedConfig, hash_inputs: bool = True) -> dict[str, st
         "domains": ",".join(cfg.domain_interleave_probs),
     }
     for domain, reward in cfg.rewards.items():
-        tags[f"roll.domain.{domain}.worker"] = reward.worker
+        tags[f"roll.domain.{domain}.worker"] = ",".join(
+            c.worker if len(reward.components()) == 1 else f"{c.label}={c.worker}*{c.weight:g}"
+            for c in reward.components()
+        )
         tags[f"roll.domain.{domain}.tags"] = ",".join(reward.tag_included)
     v = cfg.validation
     tags["roll.validation.mode"] = "sampled" if v.generating_args.do_sample else "greedy"

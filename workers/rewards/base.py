@@ -146,6 +146,9 @@ class RewardScorer:
         """
         raise NotImplementedError
 
+    #: Whether the scorer judges whole batches in the reward worker's own process (``BatchedRewardScorer``).
+    batched: ClassVar[bool] = False
+
     #: Whether ``answer_key`` is defined, so that validation reports maj@k for this scorer's domains.
     has_answer_key: ClassVar[bool] = False
 
@@ -154,3 +157,25 @@ class RewardScorer:
         for majority voting over a prompt's validation responses (``maj@k``). A scorer that defines it sets
         ``has_answer_key = True``."""
         raise NotImplementedError(f"{type(self).__name__} has no answer key")
+
+
+class BatchedRewardScorer(RewardScorer):
+    """A scorer that judges a whole batch at once in the reward worker's own process: a model (a reward model)
+    that would be loaded once per scoring process and run one sample at a time in the process pool.
+
+    The worker calls ``load(device)`` once (its device: a GPU when the domain's ``num_gpus_per_worker`` > 0),
+    then ``score_batch`` with each batch. There is no per-sample time limit (nothing to kill but the worker);
+    a batch call that raises masks every sample of the batch as ``error``; ``None`` for a sample masks it as
+    ``not_applicable``, as with ``score``."""
+
+    batched: ClassVar[bool] = True
+
+    def load(self, device) -> None:
+        """Load the model onto ``device`` (a ``torch.device``)."""
+
+    def score_batch(self, samples: list[dict]) -> list[RewardResult | None]:
+        """One result per ``{"response", "ground_truth", **fields}`` sample, in order."""
+        raise NotImplementedError
+
+    def score(self, response: str, ground_truth: str, **fields: object) -> RewardResult | None:
+        return self.score_batch([{"response": response, "ground_truth": ground_truth, **fields}])[0]

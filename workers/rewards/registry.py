@@ -26,7 +26,12 @@ logger = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "roll_pipeline.reward_workers"
 
 #: Modules whose import registers the built-in scorers.
-_BUILTIN_MODULES = ("workers.rewards.math_rule", "workers.rewards.code_sandbox", "workers.rewards.llm_judge")
+_BUILTIN_MODULES = (
+    "workers.rewards.math_rule",
+    "workers.rewards.code_sandbox",
+    "workers.rewards.llm_judge",
+    "workers.rewards.reward_model",
+)
 
 _REGISTRY: dict[str, type[RewardScorer]] = {}
 

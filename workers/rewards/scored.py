@@ -49,6 +49,8 @@ class ScoredSample:
     prompt: str | None = None
     """The prompt as text (for the validation sample table)."""
     ground_truth: Any = None
+    components: Mapping[str, ScoredSample] = field(default_factory=dict)
+    """For a domain of several rewards (rewards.<domain>.workers): each component's own judgement, by name."""
 
     def __post_init__(self) -> None:
         if self.mask_reason is not None:

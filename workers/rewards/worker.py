@@ -11,8 +11,10 @@ a masked sample leaves the loss.
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Sequence
 
+from workers.devices import gpu_or_cpu
 from workers.rewards.base import RewardResult
 from workers.rewards.pool import Outcome, ScoringPool
 from workers.rewards.registry import get_reward_scorer_cls
@@ -47,6 +49,7 @@ class RewardWorker:
         timeout_s: float = 30.0,
         processes: int = 2,
         start_timeout_s: float = 120.0,
+        num_gpus: float = 0.0,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"reward worker timeout_s must be positive, got {timeout_s!r}")
@@ -56,6 +59,15 @@ class RewardWorker:
         self.timeout_s = timeout_s
         scorer_cls = get_reward_scorer_cls(worker_spec)
         options = dict(options or {})
+        # worker_lost is the scheduler's finding (this worker died), never this worker's own.
+        self._masked_total = dict.fromkeys((r for r in MASK_REASONS if r != MASK_WORKER_LOST), 0)
+        self._scored_total = 0
+        if scorer_cls.batched:
+            # A model scores whole batches in this process, on this worker's device (see BatchedRewardScorer).
+            self._scorer = scorer_cls(**options)
+            self._scorer.load(gpu_or_cpu(num_gpus, f"reward worker {domain!r}"))
+            self._pool = None
+            return
         # Built here only to report a bad option at once, in the caller's process; the pool's children build
         # their own.
         scorer_cls(**options)
@@ -67,13 +79,11 @@ class RewardWorker:
             name=f"reward-{domain}",
             start_timeout_s=start_timeout_s,
         )
-        # worker_lost is the scheduler's finding (this worker died), never this worker's own.
-        self._masked_total = dict.fromkeys((r for r in MASK_REASONS if r != MASK_WORKER_LOST), 0)
-        self._scored_total = 0
 
     def close(self) -> None:
         """Stop the scoring processes (also done when the worker is garbage-collected or the run exits)."""
-        self._pool.close()
+        if self._pool is not None:
+            self._pool.close()
 
     def __enter__(self) -> RewardWorker:
         return self
@@ -91,7 +101,7 @@ class RewardWorker:
             missing = {"response", "ground_truth"} - sample.keys()
             if missing:
                 raise KeyError(f"reward worker {self.domain!r}: sample {i} lacks {sorted(missing)}")
-        outcomes = self._pool.run(samples)
+        outcomes = self._pool.run(samples) if self._pool is not None else self._score_in_process(samples)
         records = [
             self._to_record(sample, outcome) for sample, outcome in zip(samples, outcomes, strict=True)
         ]
@@ -106,7 +116,18 @@ class RewardWorker:
         """Counts since the worker was built: ``scored``, ``masked_<reason>``, and the pool's ``timeouts``,
         ``crashes`` and ``restarts`` (scoring processes started to replace one that was killed or died)."""
         masked = {f"masked_{reason}": n for reason, n in self._masked_total.items()}
-        return {"scored": self._scored_total, **masked, **self._pool.stats}
+        return {"scored": self._scored_total, **masked, **(self._pool.stats if self._pool is not None else {})}
+
+    def _score_in_process(self, samples: list[dict]) -> list[Outcome]:
+        """A batched scorer's outcomes: its values, or an error for every sample when the batch call raised."""
+        try:
+            values = self._scorer.score_batch(samples)
+        except Exception:
+            return [Outcome("error", detail=traceback.format_exc()) for _ in samples]
+        if len(values) != len(samples):
+            detail = f"score_batch returned {len(values)} results for {len(samples)} samples"
+            return [Outcome("error", detail=detail) for _ in samples]
+        return [Outcome("ok", value=value) for value in values]
 
     def _to_record(self, sample: dict, outcome: Outcome) -> ScoredSample:
         if outcome.kind == "timeout":
