@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from roll_pipeline.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, batch_normalizer
+from roll_pipeline.algorithms.advantages import advantage_metrics
 from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import ConfigError
 from roll_pipeline.driver import pipeline as pipeline_module
@@ -150,6 +151,61 @@ def test_compute_advantages_whitens_over_the_samples_in_the_loss():
     assert adv[3].tolist() == [0.0, 0.0, 0.0] and adv[0, 2] == 0.0
 
 
+def two_domain_batch() -> Batch:
+    """A math group and a code group of three responses each, every response two tokens, all in the loss; code's
+    scores are on another scale (fractions of tests passed, times 10)."""
+    return Batch(
+        {
+            "response_mask": torch.ones(6, 2),
+            "scores": torch.tensor([1.0, 0.0, 0.0, 10.0, 2.0, 6.0]),
+            "sample_mask": torch.ones(6),
+            "group_ids": torch.tensor([0, 0, 0, 1, 1, 1]),
+        },
+        {"domain": ["math"] * 3 + ["code"] * 3, "correct": [True, False, False, True, False, False]},
+    )
+
+
+def test_a_domains_own_reward_shaping_replaces_the_top_level_block_for_that_domain():
+    pipeline = RLVRPipeline(config("reward_shaping={reward_scale: 3.0}", "rewards.code.reward_shaping={reward_clip: 5}"))
+    batch, metrics = pipeline.shape_rewards(two_domain_batch())
+    final = batch["token_level_rewards"][:, -1].tolist()
+    assert final == [3.0, 0.0, 0.0, 5.0, 2.0, 5.0]  # math scaled by the top level; code clipped, not scaled
+    assert "reward_shaping/code/clip_frac" in metrics and "reward_shaping/math/clip_frac" not in metrics
+
+
+def test_advantage_statistics_come_from_each_domain_with_advantage_scope_domain():
+    """reinforce_plus_plus whitens returns: over the batch, code's large scores set the scale and every math
+    advantage is negative; per domain, each domain's advantages have mean 0 and std 1 of its own."""
+    def advantages(*overrides: str) -> torch.Tensor:
+        pipeline = RLVRPipeline(config("adv_estimator=reinforce_plus_plus", "gamma=1.0", *overrides))
+        batch, _ = pipeline.shape_rewards(two_domain_batch())
+        batch = pipeline.compute_advantages(batch)
+        return batch["advantages"], advantage_metrics(batch["advantages"], loss_mask(batch), batch.meta["domain"])
+
+    merged, _ = advantages()
+    assert (merged[:3] < 0).all()
+    per_domain, metrics = advantages("advantage_scope=domain")
+    for domain, rows in (("math", slice(0, 3)), ("code", slice(3, 6))):
+        assert float(per_domain[rows].mean()) == pytest.approx(0.0, abs=1e-6)
+        assert float(per_domain[rows].flatten().std()) == pytest.approx(1.0, rel=1e-4)
+        assert metrics[f"advantages/{domain}/mean"] == pytest.approx(0.0, abs=1e-6)
+    assert per_domain[0, 0] > 0  # math's right answer is above math's mean
+    # a domain's own whitening and clipping: dr_grpo centres each group; only code is whitened and clipped
+    own, _ = advantages("adv_estimator=dr_grpo", "advantage_scope=domain", "rewards.code.whiten_advantages=true",
+                        "rewards.code.advantage_clip=1.0")
+    assert own[:3, 0].tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    # code whitened: [4, -4, 0] over sqrt(64 / 5) is [1.118, -1.118, 0], then clipped to 1
+    assert own[3:, 0].tolist() == pytest.approx([1.0, -1.0, 0.0]) and float(own[3:].mean()) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_per_domain_advantage_settings_need_the_domain_scope():
+    msg = errors("rewards.code.whiten_advantages=true", "rewards.math.advantage_clip=-1",
+                 "rewards.math.reward_shaping={overlong_penalty: {buffer_len: 64}}")
+    assert "rewards.code.whiten_advantages: a domain's own value needs advantage_scope: domain" in msg
+    assert "rewards.math.advantage_clip: must be > 0 (or null), got -1.0" in msg
+    assert "rewards.math.reward_shaping.overlong_penalty.buffer_len: must be <= actor_infer" in msg
+
+
 class FakeCluster:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -278,3 +334,13 @@ def test_entropy_outside_the_graph_when_only_logged():
     assert float(results[True][1]) == float(results[False][1])
     assert results[True][2].abs().sum() > 0
     assert torch.equal(results[True][2], results[False][2])
+
+
+def test_a_group_of_one_is_refused_where_the_estimator_needs_a_group():
+    """The stated rule for groups of one: the group estimators give such a response advantage 0 (a group left
+    with one valid response by masking too, tests/test_algorithms.py), so a config whose every group has one
+    response, which would learn nothing, is refused; the estimators without a group baseline take it."""
+    one = ["num_return_sequences_in_group=1", "actor_train.training_args.per_device_train_batch_size=8"]
+    for estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"):
+        assert "num_return_sequences_in_group: adv_estimator " + estimator in errors(*one, f"adv_estimator={estimator}")
+    assert config(*one, "adv_estimator=reinforce_plus_plus").config.num_return_sequences_in_group == 1

@@ -57,7 +57,7 @@ def _broadcast(per_sample: torch.Tensor, response_mask: torch.Tensor) -> tuple[t
     return advantages, advantages.clone()
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", group_baseline=True)
 def grpo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -79,7 +79,7 @@ def grpo_advantages(
     return _broadcast(scaled * valid, response_mask)
 
 
-@register_advantage("dr_grpo")
+@register_advantage("dr_grpo", group_baseline=True)
 def dr_grpo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -97,7 +97,7 @@ def dr_grpo_advantages(
     return _broadcast(centred * valid, response_mask)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", group_baseline=True)
 def rloo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -144,7 +144,7 @@ def reinforce_plus_plus_advantages(
     return masked_whiten(returns, mask), returns * mask
 
 
-@register_advantage("reinforce_plus_plus_baseline")
+@register_advantage("reinforce_plus_plus_baseline", group_baseline=True)
 def reinforce_plus_plus_baseline_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -202,3 +202,20 @@ def postprocess_advantages(
     if clip is not None:
         advantages = advantages.clamp(-clip, clip)
     return advantages * mask
+
+
+def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor, domains: list[str]) -> dict[str, float]:
+    """`advantages/<domain>/{mean,std,abs_max}` over each domain's tokens in the loss (and `all`), the statistics
+    that advantage_scope and whitening act on."""
+    metrics: dict[str, float] = {}
+    groups = {"all": list(range(len(domains)))}
+    for i, domain in enumerate(domains):
+        groups.setdefault(domain, []).append(i)
+    for name, rows in groups.items():
+        values = advantages[rows][mask[rows] > 0].double()
+        if values.numel() == 0:
+            continue
+        metrics[f"advantages/{name}/mean"] = float(values.mean())
+        metrics[f"advantages/{name}/std"] = float(values.std()) if values.numel() > 1 else 0.0
+        metrics[f"advantages/{name}/abs_max"] = float(values.abs().max())
+    return metrics

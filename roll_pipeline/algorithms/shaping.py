@@ -10,7 +10,7 @@ masked by the scheduler's `truncated` response filter (rewards.<domain>.response
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -201,12 +201,13 @@ def shape_scores(
     sample_mask: torch.Tensor,
     response_mask: torch.Tensor,
     correct: Sequence[bool | None],
-    cfg: RewardShapingConfig,
+    cfg: RewardShapingConfig | Mapping[str, RewardShapingConfig],
     moments: DomainRewardMoments,
     max_length: int,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-    """`shape_domain` on each domain's samples of the batch (statistics never mix domains). Returns the shaped
-    scores (B,), the sample mask (B,) and metrics named reward_shaping/<domain>/<name>."""
+    """`shape_domain` on each domain's samples of the batch (statistics never mix domains), with `cfg`, or each
+    domain's own config when `cfg` maps domains to configs. Returns the shaped scores (B,), the sample mask (B,)
+    and metrics named reward_shaping/<domain>/<name>."""
     shaped = torch.zeros_like(scores)
     mask = torch.zeros_like(sample_mask)
     lengths = response_mask.sum(1)
@@ -215,7 +216,8 @@ def shape_scores(
     for domain in dict.fromkeys(domains):
         idx = torch.tensor([i for i, d in enumerate(domains) if d == domain], dtype=torch.long)
         s, m, domain_metrics = shape_domain(
-            scores[idx], group_ids[idx], sample_mask[idx], lengths[idx], correct_t[idx], cfg, moments[domain], max_length
+            scores[idx], group_ids[idx], sample_mask[idx], lengths[idx], correct_t[idx],
+            cfg[domain] if isinstance(cfg, Mapping) else cfg, moments[domain], max_length,
         )
         shaped[idx], mask[idx] = s, m
         metrics |= {f"reward_shaping/{domain}/{k}": v for k, v in domain_metrics.items()}

@@ -315,6 +315,13 @@ class RewardConfig:
     response_filters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     """Named response filters: a rejected response stays in its group but leaves the loss (sample_mask 0);
     `{truncated: {}}` masks responses cut off by max_new_tokens (DAPO's overlong filtering)."""
+    reward_shaping: RewardShapingConfig | None = None
+    """This domain's reward shaping, replacing the top-level `reward_shaping` block for it (the whole block: keys
+    left out take their defaults, not the top-level values); None: the top-level block."""
+    whiten_advantages: bool | None = None
+    """This domain's `whiten_advantages` (None: the top-level value); needs advantage_scope: domain."""
+    advantage_clip: float | None = None
+    """This domain's `advantage_clip` (None: the top-level value); needs advantage_scope: domain."""
 
     def components(self) -> list[RewardComponentConfig]:
         """The domain's rewards with every resource set: `workers`, or the one `worker` (weight 1)."""
@@ -598,7 +605,13 @@ class PipelineConfig:
     `reinforce_plus_plus_baseline` (group mean, then batch whitening; arXiv:2501.03262) or `gae` (with the critic;
     arXiv:1506.02438)."""
     whiten_advantages: bool = False
-    """Whiten the estimator's advantages over the valid tokens of the batch (mean 0, std 1)."""
+    """Whiten the estimator's advantages over the valid tokens of the batch (mean 0, std 1); with advantage_scope
+    `domain`, over each domain's."""
+    advantage_scope: Literal["batch", "domain"] = "batch"
+    """Where the advantages' batch statistics come from: `batch`, the whole step's batch (the estimators that
+    whiten over the batch, reinforce_plus_plus and reinforce_plus_plus_baseline, and whiten_advantages); `domain`,
+    each domain's samples on their own, with rewards.<domain>.whiten_advantages / advantage_clip where set (ROLL:
+    each domain its own statistics). Group statistics (grpo, rloo, ...) are per prompt group either way."""
     advantage_clip: float | None = None
     """Clip the advantages (after whitening) to [-advantage_clip, advantage_clip]; None: no clipping."""
     ppo_epochs: int = 1
@@ -724,13 +737,33 @@ class PipelineConfig:
                 "actor_infer.offload_states",
                 "cannot be on with async_generation_ratio 1: generation runs during the update, on its own GPUs",
             )
-        overlong = self.reward_shaping.overlong_penalty
         max_new = self.actor_infer.generating_args.max_new_tokens
-        if overlong is not None and overlong.buffer_len > max_new:
-            yield (
-                "reward_shaping.overlong_penalty.buffer_len",
-                f"must be <= actor_infer.generating_args.max_new_tokens ({max_new}), got {overlong.buffer_len}",
-            )
+        blocks = [("reward_shaping", self.reward_shaping)]
+        blocks += [(f"rewards.{d}.reward_shaping", r.reward_shaping) for d, r in self.rewards.items() if r.reward_shaping]
+        for key, block in blocks:
+            overlong = block.overlong_penalty
+            if overlong is not None and overlong.buffer_len > max_new:
+                yield (
+                    f"{key}.overlong_penalty.buffer_len",
+                    f"must be <= actor_infer.generating_args.max_new_tokens ({max_new}), got {overlong.buffer_len}",
+                )
+        for domain, reward in self.rewards.items():
+            for name in ("whiten_advantages", "advantage_clip"):
+                if getattr(reward, name) is not None and self.advantage_scope != "domain":
+                    yield f"rewards.{domain}.{name}", "a domain's own value needs advantage_scope: domain"
+            if reward.advantage_clip is not None and reward.advantage_clip <= 0:
+                yield f"rewards.{domain}.advantage_clip", f"must be > 0 (or null), got {reward.advantage_clip}"
+
+    def shaping_for(self, domain: str) -> RewardShapingConfig:
+        """The reward shaping of `domain`: its own block, else the top-level one."""
+        return self.rewards[domain].reward_shaping or self.reward_shaping
+
+    def advantage_post(self, domain: str) -> tuple[bool, float | None]:
+        """(whiten, clip) of `domain`'s advantages: its own values where set, else the top-level ones."""
+        reward = self.rewards[domain]
+        whiten = self.whiten_advantages if reward.whiten_advantages is None else reward.whiten_advantages
+        clip = self.advantage_clip if reward.advantage_clip is None else reward.advantage_clip
+        return whiten, clip
 
     @property
     def samples_per_step(self) -> int:

@@ -41,6 +41,12 @@ def name_problems(cfg: PipelineConfig) -> Iterator[tuple[str, str]]:
         critic = algorithms.needs_critic(cfg.adv_estimator)
         if critic and cfg.critic is None:
             yield "critic", f"adv_estimator {cfg.adv_estimator} needs a critic section"
+        if cfg.num_return_sequences_in_group == 1 and algorithms.ADVANTAGES.traits(cfg.adv_estimator).get("group_baseline"):
+            yield (
+                "num_return_sequences_in_group",
+                f"adv_estimator {cfg.adv_estimator} compares each response with the others of its prompt's group; "
+                "a group of one gets advantage 0 and nothing is learned: use >= 2, or reinforce_plus_plus or gae",
+            )
         if cfg.critic_warmup > 0 and not critic:
             yield (
                 "critic_warmup",

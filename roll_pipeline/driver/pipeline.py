@@ -17,7 +17,7 @@ import torch
 from ray.exceptions import RayActorError
 
 from roll_pipeline.algorithms import ADVANTAGES, KL_CONTROLLERS
-from roll_pipeline.algorithms.advantages import place_at_last_token, postprocess_advantages
+from roll_pipeline.algorithms.advantages import advantage_metrics, place_at_last_token, postprocess_advantages
 from roll_pipeline.algorithms.kl import kl_penalty_rewards
 from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
 from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
@@ -152,6 +152,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             metrics |= shaping
         with timer.stage("advantages"):
             batch = self.compute_advantages(batch)
+            metrics |= advantage_metrics(batch["advantages"], loss_mask(batch), batch.meta["domain"])
         with timer.stage("train"):
             metrics |= self.train(batch)
         if not self.is_async:
@@ -244,7 +245,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             batch["sample_mask"],
             batch["response_mask"],
             batch.meta["correct"],
-            cfg.reward_shaping,
+            {domain: cfg.shaping_for(domain) for domain in cfg.rewards},
             self.reward_moments,
             max_length=cfg.actor_infer.generating_args.max_new_tokens,
         )
@@ -261,6 +262,23 @@ class RLVRPipeline(ClusterRuntime, RunState):
         return batch.update({"token_level_rewards": rewards, "sample_mask": sample_mask}), metrics
 
     def compute_advantages(self, batch: Batch) -> Batch:
+        """The estimator's advantages and returns, post-processed (whitening, clipping): over the whole batch, or
+        with advantage_scope `domain` over each domain's samples on their own, with its own whiten/clip."""
+        cfg = self.cfg
+        if cfg.advantage_scope == "batch":
+            advantages, returns = self._advantages(batch, cfg.whiten_advantages, cfg.advantage_clip)
+            return batch.update({"advantages": advantages, "returns": returns})
+        advantages = torch.zeros_like(batch["response_mask"], dtype=torch.float32)
+        returns = torch.zeros_like(advantages)
+        domains = batch.meta["domain"]
+        for domain in dict.fromkeys(domains):
+            rows = [i for i, d in enumerate(domains) if d == domain]
+            idx = torch.tensor(rows, dtype=torch.long)
+            adv, ret = self._advantages(batch.select(rows), *cfg.advantage_post(domain))
+            advantages[idx], returns[idx] = adv.to(advantages.dtype), ret.to(returns.dtype)
+        return batch.update({"advantages": advantages, "returns": returns})
+
+    def _advantages(self, batch: Batch, whiten: bool, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
         estimator = ADVANTAGES.get(self.cfg.adv_estimator)
         advantages, returns = estimator(
             token_level_rewards=batch["token_level_rewards"],
@@ -271,9 +289,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             gamma=self.cfg.gamma,
             lambd=self.cfg.lambd,
         )
-        mask = loss_mask(batch)
-        advantages = postprocess_advantages(advantages, mask, self.cfg.whiten_advantages, self.cfg.advantage_clip)
-        return batch.update({"advantages": advantages, "returns": returns})
+        return postprocess_advantages(advantages, loss_mask(batch), whiten, clip), returns
 
     def train(self, batch: Batch) -> dict[str, float]:
         """The critic's and the actor's updates, side by side; during the first critic_warmup steps of a run
