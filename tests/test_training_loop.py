@@ -68,4 +68,23 @@ def test_the_loop_runs_every_epoch_minibatch_and_micro_batch_on_the_strategys_de
     calls = worker.strategy.calls
     assert calls == (["backward", "step"] * 2 + ["grad_norm"]) * 4
     # micro-batch metrics summed within a mini-batch, then averaged over the 4 mini-batches
-    assert metrics == {"test/size": 8.0, "test/grad_norm": 2.0}
+    assert metrics == {"test/size": 8.0, "test/grad_norm": 2.0, "test/optimizer_steps_skipped": 0.0,
+                       "test/minibatches_trained": 4.0}
+
+
+def test_a_minibatch_with_no_sample_in_the_loss_takes_no_optimizer_step():
+    """AdamW on zero gradients still moves the weights (momentum, weight decay): a mini-batch whose every sample
+    is masked is skipped, and counted."""
+    overrides = ["actor_train.training_args.per_device_train_batch_size=4",
+                 "actor_train.training_args.gradient_accumulation_steps=2"]
+    worker = CountingWorker(load_config(EXAMPLES / "math_code.yaml", overrides).config)
+    sample_mask = torch.ones(16)
+    sample_mask[8:] = 0  # the second mini-batch of 8 is all masked
+    metrics = worker.train_loop(Batch({"response_mask": torch.ones(16, 3), "sample_mask": sample_mask}))
+    assert worker.strategy.calls == ["backward", "step"] * 2 + ["grad_norm"]
+    assert metrics == {"test/size": 4.0 * 2, "test/grad_norm": 2.0, "test/optimizer_steps_skipped": 1.0,
+                       "test/minibatches_trained": 1.0}
+    worker.strategy.calls.clear()
+    everything_masked = worker.train_loop(Batch({"response_mask": torch.ones(16, 3), "sample_mask": torch.zeros(16)}))
+    assert worker.strategy.calls == []
+    assert everything_masked == {"test/optimizer_steps_skipped": 2.0, "test/minibatches_trained": 0.0}

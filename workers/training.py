@@ -89,18 +89,27 @@ class TrainedWorker(Worker):
 
     def train_loop(self, batch: Batch) -> dict[str, float]:
         """`ppo_epochs` passes over the batch in mini-batches of `training_args.minibatch_size`; the metrics
-        averaged over the mini-batches, named `<metric_prefix>/<name>`."""
+        averaged over the mini-batches that were trained, named `<metric_prefix>/<name>`.
+
+        A mini-batch none of whose samples is in the loss on any rank (every one masked) is skipped: no forward,
+        no backward and no optimizer step, since AdamW would still move the weights on zero gradients (its
+        momentum and weight decay) and the learning-rate schedule would advance. `optimizer_steps_skipped` counts
+        them; a step whose every mini-batch was skipped reports only that count (and `minibatches_trained` 0), no
+        loss."""
         ta = self.section.training_args
         self.on_device()
         self.strategy.module.train()
         sums: dict[str, float] = defaultdict(float)
-        minibatches = 0
+        minibatches = skipped = 0
         for _ in range(self.cfg.ppo_epochs):
             for minibatch in batch.split(ta.minibatch_size):
                 modes = (self.cfg.loss_agg_mode, "token-mean")  # the loss's count, the diagnostics' count
                 norm, token_norm = global_normalizers(
                     loss_mask(minibatch), modes, self.world_size, self.strategy.device
                 )
+                if token_norm == 0:  # the same on every rank: the count is global
+                    skipped += 1
+                    continue
                 for micro in minibatch.split(ta.per_device_train_batch_size):
                     loss, parts = self.objective(micro.to(self.strategy.device), norm, token_norm)
                     self.strategy.backward(loss)
@@ -110,7 +119,10 @@ class TrainedWorker(Worker):
                 for k, v in self.per_minibatch().items():
                     sums[k] += v
                 minibatches += 1
-        return {f"{self.metric_prefix}/{k}": v / minibatches for k, v in sums.items()}
+        metrics = {f"{self.metric_prefix}/{k}": v / minibatches for k, v in sums.items()}
+        metrics[f"{self.metric_prefix}/optimizer_steps_skipped"] = float(skipped)
+        metrics[f"{self.metric_prefix}/minibatches_trained"] = float(minibatches)
+        return metrics
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:
         self.on_device()

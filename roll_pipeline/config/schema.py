@@ -465,8 +465,15 @@ class TrackingConfig:
     """Responses per tag in each validation's sample table (the first ones, all k of a prompt together)."""
     hash_inputs: bool = True
     """Tag the run with the sha256 of every data file and of the model folder (reads every byte once per run)."""
+    logging_steps: int = 10
+    """Every this many steps, the step's training samples go to MLflow as a table, train_samples/step_<N>.json
+    (prompt, response, reward, shaped reward, advantage, in the loss or not); 0: never."""
+    train_sample_rows_per_domain: int = 8
+    """Rows of each domain in that table (its first groups, a prompt's responses together)."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
+        if self.logging_steps < 0 or self.train_sample_rows_per_domain < 0:
+            yield "logging_steps", "logging_steps and train_sample_rows_per_domain must be >= 0"
         if self.retry_interval_s <= 0:
             yield "retry_interval_s", "must be > 0"
         if self.flush_timeout_s < 0:
@@ -490,8 +497,13 @@ class RayConfig:
     again (actor_infer gets the current weights first). A reward worker that stays dead has its samples masked
     (reward/<domain>/masked_worker_lost). actor_train and critic hold the training state and are not restarted:
     their death stops the run, which `roll run --resume` continues from the last checkpoint."""
+    rpc_timeout_s: float | None = 3600.0
+    """The longest the driver waits on any call to a worker (a step's rollout, a training step, a weight sync,
+    a checkpoint) before the run stops with an error naming each worker that did not answer; None: no bound."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
+        if self.rpc_timeout_s is not None and self.rpc_timeout_s <= 0:
+            yield "rpc_timeout_s", f"must be > 0 (or null for no bound), got {self.rpc_timeout_s}"
         if self.num_gpus_per_node < 1:
             yield "num_gpus_per_node", "must be >= 1"
         if self.worker_restarts < 0:

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from roll_pipeline.batch import Batch
+from roll_pipeline.distributed.waiting import DEFAULT_RPC_TIMEOUT_S, wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +37,14 @@ class Cluster:
         device_slots: Sequence[dict[str, Any]] | None = None,
         max_restarts: int = 0,
         max_task_retries: int = 0,
+        rpc_timeout_s: float | None = DEFAULT_RPC_TIMEOUT_S,
     ) -> None:
         """`device_slots`: per rank, the Ray options of a device-mapped worker from `DevicePool.worker_options`
         (its bundle of the shared GPU pool, its share of that GPU, its CPUs, extra env vars); they replace
         num_cpus, num_gpus and placement."""
         self.name = name
         self.world_size = world_size
+        self.rpc_timeout_s = rpc_timeout_s
         remote_cls = ray.remote(worker_cls)
         if device_slots is not None and len(device_slots) != world_size:
             raise ValueError(f"{name}: {len(device_slots)} device slots for world_size {world_size}")
@@ -81,17 +84,25 @@ class Cluster:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method` on every worker with the same arguments; wait for and return all results."""
-        return ray.get(self.call_async(method, *args, **kwargs))
+        return self.wait(self.call_async(method, *args, **kwargs), method)
+
+    def wait(self, refs: list[ray.ObjectRef], method: str) -> list[Any]:
+        """The results of one call per rank (`refs` in rank order), within the cluster's rpc_timeout_s."""
+        return wait_for(refs, self.call_names(method, len(refs)), self.rpc_timeout_s)
+
+    def call_names(self, method: str, count: int | None = None) -> list[str]:
+        """`<cluster>[<rank>].<method>` for the first `count` ranks (all by default), as errors name them."""
+        return [f"{self.name}[{rank}].{method}" for rank in range(self.world_size if count is None else count)]
 
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
 
     def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return ray.get(getattr(self.workers[0], method).remote(*args, **kwargs))
+        return self.wait([getattr(self.workers[0], method).remote(*args, **kwargs)], method)[0]
 
     def dispatch(self, method: str, batch: Batch, *args: Any, **kwargs: Any) -> list[Any]:
         """Split `batch` into one contiguous shard per rank, call `method(shard, ...)`, return results in rank order."""
-        return ray.get(self.call_async_dispatch(method, batch, *args, **kwargs))
+        return self.wait(self.call_async_dispatch(method, batch, *args, **kwargs), method)
 
     def call_async_dispatch(
         self, method: str, batch: Batch, *args: Any, **kwargs: Any
@@ -108,11 +119,9 @@ class Cluster:
 
     def node_ids(self) -> list[str]:
         """The Ray node each worker runs on, in rank order."""
-        return ray.get(
-            [
-                w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
-                for w in self.workers
-            ]
+        return self.wait(
+            [w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for w in self.workers],
+            "node_id",
         )
 
     def shutdown(self) -> None:

@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 from ray.exceptions import RayActorError
 
@@ -24,7 +23,7 @@ from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
 from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import ResolvedConfig
 from roll_pipeline.data.loading import RunData
-from roll_pipeline.driver.report import log_validation_artifacts
+from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
 from roll_pipeline.driver.run_state import Rollout, RunState
 from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
 from roll_pipeline.driver.validation import answer_keys, rollout_metrics, validation_metrics
@@ -153,6 +152,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
         with timer.stage("advantages"):
             batch = self.compute_advantages(batch)
             metrics |= advantage_metrics(batch["advantages"], loss_mask(batch), batch.meta["domain"])
+        self.log_train_samples(batch)
         with timer.stage("train"):
             metrics |= self.train(batch)
         if not self.is_async:
@@ -187,7 +187,9 @@ class RLVRPipeline(ClusterRuntime, RunState):
             return rollout
         n = self.cfg.num_return_sequences_in_group
         parts, metrics = [], {}
-        for domain, (part, scheduler_metrics) in zip(rollout.refs, ray.get(list(rollout.refs.values())), strict=True):
+        names = [f"scheduler[{d}].get_batch" for d in rollout.refs]
+        results = self.wait_for(list(rollout.refs.values()), names)
+        for domain, (part, scheduler_metrics) in zip(rollout.refs, results, strict=True):
             parts.append(part)
             metrics |= rollout_metrics(domain, self._records(part)) | scheduler_metrics
         batch = Batch.concat(parts)
@@ -249,6 +251,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             self.reward_moments,
             max_length=cfg.actor_infer.generating_args.max_new_tokens,
         )
+        self.shaped_scores = scores * sample_mask  # for the training sample table
         rewards = place_at_last_token(scores, batch["response_mask"])
         if cfg.add_token_level_kl:
             mask = loss_mask(batch.update({"sample_mask": sample_mask}))
@@ -260,6 +263,27 @@ class RLVRPipeline(ClusterRuntime, RunState):
             self.kl_ctrl.update(current_kl, n_steps=len(batch))
             metrics |= {"kl_penalty/kl": current_kl, "kl_penalty/coef": coef}
         return batch.update({"token_level_rewards": rewards, "sample_mask": sample_mask}), metrics
+
+    def log_train_samples(self, batch: Batch) -> None:
+        """Every tracking.logging_steps steps, the step's training samples as an MLflow table."""
+        t = self.cfg.tracking
+        if not (self.tracker and t.logging_steps and t.train_sample_rows_per_domain) or self.global_step % t.logging_steps:
+            return
+        prompts = self.tokenizer.batch_decode(
+            [ids[m > 0] for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)],
+            skip_special_tokens=True,
+        )
+        mask = loss_mask(batch)
+        tokens = mask.sum(1).clamp(min=1.0)
+        table = train_sample_table(
+            self._records(batch),
+            prompts,
+            self.shaped_scores.tolist(),
+            ((batch["advantages"] * mask).sum(1) / tokens).tolist(),
+            (batch["sample_mask"] > 0).tolist(),
+            t.train_sample_rows_per_domain,
+        )
+        self.tracker.log_table(table, train_table_file(self.global_step))
 
     def compute_advantages(self, batch: Batch) -> Batch:
         """The estimator's advantages and returns, post-processed (whitening, clipping): over the whole batch, or
@@ -295,14 +319,16 @@ class RLVRPipeline(ClusterRuntime, RunState):
         """The critic's and the actor's updates, side by side; during the first critic_warmup steps of a run
         (global_step counts from 1) only the critic's."""
         warming_up = 0 < self.global_step <= self.cfg.critic_warmup
-        refs = []
+        refs, names = [], []
         if self.critic is not None:
             refs += self.critic.call_async_dispatch("train_step", batch)
+            names += self.critic.call_names("train_step")
         if not warming_up:
             refs += self.actor_train.call_async_dispatch("train_step", batch)
+            names += self.actor_train.call_names("train_step")
             self.trained_version += 1
         per_key: dict[str, list[float]] = {}
-        for result in ray.get(refs):  # one per rank of each cluster; a key comes from one cluster's ranks
+        for result in self.wait_for(refs, names):  # one per rank of each cluster; a key comes from one cluster's
             for k, v in result.items():
                 per_key.setdefault(k, []).append(v)
         metrics = {k: sum(vs) / len(vs) for k, vs in per_key.items()}
@@ -324,13 +350,13 @@ class RLVRPipeline(ClusterRuntime, RunState):
         # the workers without a copy into this process and another back out (a 7B model's 15 GB, every step).
         if stage == 3:  # sharded parameters: every rank takes part in gathering them; the others return {}
             refs = self.actor_train.call_async("get_weights")
-            ray.get(refs[1:])
+            self.wait_for(refs[1:], self.actor_train.call_names("get_weights")[1:])
             weights = refs[0]
         else:
             weights = self.actor_train.workers[0].get_weights.remote()
         self.weights_version = self.trained_version
         self.actor_infer.call("update_weights", weights, self.weights_version)
-        ray.get([s.set_weights.remote(self.weights_version, [weights]) for s in self.schedulers.values()])
+        self.on_schedulers("set_weights", self.weights_version, [weights])
 
     # ------------------------------------------------------------------------------------------- the loop
 
@@ -342,9 +368,8 @@ class RLVRPipeline(ClusterRuntime, RunState):
         self._settle()
         args = self.cfg.validation.generating_args
         v = self.cfg.validation
-        refs = [s.validate.remote(args, v.max_prompts, v.num_samples) for s in self.schedulers.values()]
         records = []
-        for batch in ray.get(refs):
+        for batch in self.on_schedulers("validate", args, v.max_prompts, v.num_samples):
             prompts = self.tokenizer.batch_decode(
                 [ids[m > 0] for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)],
                 skip_special_tokens=True,

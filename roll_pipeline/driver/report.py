@@ -6,6 +6,9 @@ Artifacts of each validation at step N:
   response, ground truth, reward, verdict (correct / wrong / masked), finish reason and length;
 - `validation/accuracy_by_tag.png`: val_correct/<tag>/mean of every tag (and all) over the validations so far,
   replaced at each validation.
+
+And every `tracking.logging_steps` steps, `train_samples/step_<N>.json`: that step's training samples
+(`train_sample_table`).
 """
 
 from __future__ import annotations
@@ -76,6 +79,44 @@ def sample_table(records: Sequence[ScoredSample], rows_per_tag: int) -> dict[str
         }
         for c in columns:
             table[c].append(values[c])
+    return table
+
+
+TRAIN_TABLE_DIR = "train_samples"
+
+
+def train_table_file(step: int) -> str:
+    return f"{TRAIN_TABLE_DIR}/step_{step:06d}.json"
+
+
+def train_sample_table(
+    records: Sequence[ScoredSample],
+    prompts: Sequence[str],
+    shaped: Sequence[float],
+    advantages: Sequence[float],
+    in_loss: Sequence[bool],
+    rows_per_domain: int,
+) -> dict[str, list]:
+    """The first `rows_per_domain` training samples of each domain, in batch order: what the policy wrote, what it
+    was scored (`reward`, None when the reward could not be computed), the reward after shaping (`shaped_reward`,
+    the KL penalty left out), the mean advantage over its tokens, and whether it was in the loss."""
+    taken: dict[str, int] = defaultdict(int)
+    table: dict[str, list] = {c: [] for c in (
+        "domain", "tag", "prompt_id", "verdict", "reward", "shaped_reward", "advantage", "in_loss", "prompt",
+        "response", "finish_reason", "response_length",
+    )}
+    for i, r in enumerate(records):
+        if taken[r.domain] >= rows_per_domain:
+            continue
+        taken[r.domain] += 1
+        values = {
+            "domain": r.domain, "tag": r.tag, "prompt_id": str(r.id), "verdict": verdict(r.correct),
+            "reward": None if r.masked else float(r.score), "shaped_reward": float(shaped[i]),
+            "advantage": float(advantages[i]), "in_loss": bool(in_loss[i]), "prompt": prompts[i],
+            "response": r.response_text, "finish_reason": r.finish_reason, "response_length": int(r.response_length or 0),
+        }
+        for column, value in values.items():
+            table[column].append(value)
     return table
 
 

@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 
 from roll_pipeline.batch import Batch
@@ -82,7 +81,8 @@ class RunState:
         self.ensure_synced()
         if (checkpoint / PENDING_ROLLOUT_FILE).exists():
             self.next_rollout = Rollout(**torch.load(checkpoint / PENDING_ROLLOUT_FILE, weights_only=False))
-        ray.get([self.schedulers[d].load_state_dict.remote(s) for d, s in state["schedulers"].items()])
+        self.wait_for([self.schedulers[d].load_state_dict.remote(s) for d, s in state["schedulers"].items()],
+                      [f"scheduler[{d}].load_state_dict" for d in state["schedulers"]])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.reward_moments.load_state_dict(state["reward_moments"])
         self.history = {int(k): v for k, v in state["history"].items()}
@@ -91,13 +91,12 @@ class RunState:
         load_rng_states(rngs["driver"])
         if len(rngs["actor_infer"]) == self.actor_infer.world_size:  # else the world size changed: fresh RNGs
             workers = zip(self.actor_infer.workers, rngs["actor_infer"], strict=True)
-            ray.get([w.load_rng_state.remote(r) for w, r in workers])
+            self.actor_infer.wait([w.load_rng_state.remote(r) for w, r in workers], "load_rng_state")
         self.resumed_from = checkpoint
         return state
 
     def scheduler_states(self) -> dict[str, Any]:
-        states = ray.get([s.state_dict.remote() for s in self.schedulers.values()])
-        return dict(zip(self.schedulers, states, strict=True))
+        return dict(zip(self.schedulers, self.on_schedulers("state_dict"), strict=True))
 
     def _warn_config_changes(self, saved: dict[str, Any]) -> None:
         changed = config_changes(saved, self.resolved.to_dict())

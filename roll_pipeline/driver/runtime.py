@@ -17,6 +17,7 @@ from roll_pipeline.config.schema import RewardComponentConfig
 from roll_pipeline.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.distributed.placement import DevicePool, plan_for
+from roll_pipeline.distributed.waiting import wait_for
 from roll_pipeline.driver.checkpoint import checkpoint_root, latest_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class ClusterRuntime:
                 max_restarts=restarts,
                 # actor_infer's requests are re-sent by the schedulers (with the current weights first).
                 max_task_retries=restarts if cls is not ActorInferWorker else 0,
+                rpc_timeout_s=cfg.ray.rpc_timeout_s,
             )
 
         self.actor_train = make(
@@ -163,7 +165,18 @@ class ClusterRuntime:
         }
         for trained in filter(None, [self.actor_train, self.critic]):
             trained.init_process_group()
-        ray.get([ref for c in filter(None, [self.actor_train, self.critic]) for ref in c.call_async("initialize")])
+        trained = [c for c in (self.actor_train, self.critic) if c is not None]
+        self.wait_for([ref for c in trained for ref in c.call_async("initialize")],
+                      [name for c in trained for name in c.call_names("initialize")])
+
+    def wait_for(self, refs: list[ray.ObjectRef], names: list[str]) -> list[Any]:
+        """Results of calls to workers, within ray.rpc_timeout_s (roll_pipeline/distributed/waiting.py)."""
+        return wait_for(refs, names, self.cfg.ray.rpc_timeout_s)
+
+    def on_schedulers(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every domain's scheduler, waited for; results in domain order."""
+        refs = [getattr(s, method).remote(*args) for s in self.schedulers.values()]
+        return self.wait_for(refs, [f"scheduler[{d}].{method}" for d in self.schedulers])
 
     def _reward_cluster(self, domain: str, component: RewardComponentConfig, several: bool) -> Cluster:
         """The Ray cluster of one reward of `domain`: `reward_<domain>`, or `reward_<domain>_<name>` for one of
@@ -188,6 +201,7 @@ class ClusterRuntime:
             pass_rank=False,
             max_restarts=self.cfg.ray.worker_restarts,
             max_task_retries=self.cfg.ray.worker_restarts,
+            rpc_timeout_s=self.cfg.ray.rpc_timeout_s,
         )
 
     def reward_clusters(self) -> list[Cluster]:

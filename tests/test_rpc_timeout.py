@@ -1,0 +1,46 @@
+"""Every wait of the driver on its workers is bounded (ray.rpc_timeout_s): a worker that stops answering without
+dying ends the wait with an error naming it, on real Ray actors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from roll_pipeline.config import ConfigError, load_config
+from roll_pipeline.distributed.cluster import Cluster
+from roll_pipeline.distributed.waiting import RpcTimeoutError
+from tests.conftest import EXAMPLES
+
+
+class Stuck:
+    """Rank 1 hangs in `work` (a hung collective, say); rank 0 answers."""
+
+    def __init__(self, name: str, rank: int, world_size: int) -> None:
+        self.rank = rank
+
+    def work(self, seconds: float) -> int:
+        if self.rank == 1:
+            time.sleep(seconds)
+        return self.rank
+
+
+def test_a_worker_that_does_not_answer_is_named_within_the_bound(local_ray):
+    cluster = Cluster("actor_train", Stuck, world_size=2, num_cpus=0.1, num_gpus=0, worker_kwargs={},
+                      rpc_timeout_s=2.0)
+    try:
+        assert cluster.call("work", 0.0) == [0, 1]
+        started = time.monotonic()
+        with pytest.raises(RpcTimeoutError, match=r"^actor_train\[1\]\.work did not answer within 2 s \(ray\.rpc_timeout_s\)"):
+            cluster.call("work", 60.0)
+        assert time.monotonic() - started < 10  # not the 60 s the worker would take
+        assert cluster.call_rank0("work", 60.0) == 0  # rank 0 alone is not stuck
+    finally:
+        cluster.shutdown()
+
+
+def test_the_bound_is_a_positive_number_or_none():
+    assert load_config(EXAMPLES / "math_code.yaml").config.ray.rpc_timeout_s == 3600.0
+    assert load_config(EXAMPLES / "math_code.yaml", ["ray.rpc_timeout_s=null"]).config.ray.rpc_timeout_s is None
+    with pytest.raises(ConfigError, match=r"ray\.rpc_timeout_s: must be > 0"):
+        load_config(EXAMPLES / "math_code.yaml", ["ray.rpc_timeout_s=0"])
