@@ -211,6 +211,25 @@ def test_scores_concurrently_up_to_processes(make_worker, tmp_path):
     assert len(pids(results)) == 3
 
 
+def test_batches_from_several_callers_are_scored_at_once_not_one_after_another(make_worker, tmp_path):
+    """Three groups land at once (three threads, as a reward worker serving concurrent score_batch calls): each
+    group's one sample waits until three run at the same time, which happens only if no batch waits for another.
+    With batches serialised (one lock around a batch), each sample would meet no one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    worker = make_worker("echo", ECHO, {}, processes=3)
+    worker.score_batch([sample()])  # the processes are up
+    with ThreadPoolExecutor(3) as callers:
+        batches = list(callers.map(
+            lambda _: worker.score_batch([sample(mode="rendezvous", folder=str(tmp_path), need=3)]), range(3)
+        ))
+    assert [r.metrics.get("met") for (r,) in batches] == [1.0] * 3, batches
+    # and each caller gets its own results: a plain batch beside a concurrent one
+    with ThreadPoolExecutor(2) as callers:
+        mixed = list(callers.map(lambda n: worker.score_batch([sample(str(i), "3") for i in range(n)]), (4, 6)))
+    assert [[r.score for r in b] for b in mixed] == [[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]]
+
+
 def test_an_interrupted_batch_leaves_no_stale_work_behind(make_worker, tmp_path):
     """Ctrl-C (or a cancelled Ray task) in the middle of a batch: the next batch gets its own results, not the
     late answer of a sample from the interrupted one."""

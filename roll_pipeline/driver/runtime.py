@@ -199,6 +199,7 @@ class ClusterRuntime:
             },
             env_vars=worker_env(1),
             pass_rank=False,
+            max_concurrency=RewardWorker.MAX_CONCURRENT_BATCHES,
             max_restarts=self.cfg.ray.worker_restarts,
             max_task_retries=self.cfg.ray.worker_restarts,
             rpc_timeout_s=self.cfg.ray.rpc_timeout_s,

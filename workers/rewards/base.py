@@ -149,6 +149,13 @@ class RewardScorer:
     #: Whether the scorer judges whole batches in the reward worker's own process (``BatchedRewardScorer``).
     batched: ClassVar[bool] = False
 
+    @classmethod
+    def io_bound(cls, options: Mapping[str, object]) -> bool:
+        """Whether, with these options, scoring mostly waits on the network (a remote judge or sandbox): the
+        worker then keeps many samples in flight on an asyncio loop (workers/rewards/io_loop.py) instead of one
+        per process of its pool."""
+        return False
+
     #: Whether ``answer_key`` is defined, so that validation reports maj@k for this scorer's domains.
     has_answer_key: ClassVar[bool] = False
 

@@ -98,6 +98,10 @@ class CodeSandboxScorer(RewardScorer):
     - ``remote_url``, ``remote_concurrency`` (8), ``remote_retries`` (3), ``remote_backoff_s`` (0.5).
     """
 
+    @classmethod
+    def io_bound(cls, options) -> bool:
+        return options.get("backend") == "remote"  # a SandboxFusion service runs the code; the scorer waits
+
     def __init__(
         self,
         *,

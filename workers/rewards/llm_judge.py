@@ -286,6 +286,10 @@ class LLMJudgeScorer(RewardScorer):
         "workers.rewards.judge.local",
     )
 
+    @classmethod
+    def io_bound(cls, options) -> bool:
+        return True  # an HTTP endpoint or the local judge actor: the scorer waits for a reply
+
     def __init__(
         self,
         *,

@@ -15,6 +15,8 @@ top-level code under ``if __name__ == "__main__":``.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import math
 import multiprocessing
@@ -134,12 +136,27 @@ class _Child:
     conn: Connection
     started: float
     ready: bool = False
-    #: Indices of the samples sent to this child, in order: the first is being scored, the others wait in its
+    #: Tokens of the samples sent to this child, in order: the first is being scored, the others wait in its
     #: pipe (so that the child never waits for the parent between samples).
     queue: deque[int] = field(default_factory=deque)
     #: When the first of ``queue`` runs out of time.
     deadline: float = math.inf
     failure: str = ""
+
+
+@dataclass(eq=False)
+class _Job:
+    """One caller's batch: its samples, their outcomes as they come, and how it ended."""
+
+    samples: Sequence[dict[str, Any]]
+    outcomes: list[Outcome | None]
+    left: int
+    error: BaseException | None = None
+    cancelled: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.left == 0 or self.error is not None or self.cancelled
 
 
 def _context(preload: Sequence[str]) -> BaseContext:
@@ -200,10 +217,16 @@ class ScoringPool:
         self._scorer_cls = scorer_cls
         self._options = dict(options)
         self._context = _context([scorer_cls.__module__, *scorer_cls.preload_modules])
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        #: The thread that drives the pool now (see ``run``), None when no caller does.
+        self._driver: int | None = None
         self._start_failures = 0
-        #: Indices of the running batch's samples not yet sent to a child.
-        self._waiting: deque[int] = deque()
+        #: (batch, index) of the samples not yet sent to a child, in the order they came.
+        self._waiting: deque[tuple[_Job, int]] = deque()
+        #: token -> (batch, index) of each sample sent to a child and not yet answered.
+        self._sent: dict[int, tuple[_Job, int]] = {}
+        self._tokens = itertools.count()
+        self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
         #: Cumulative counts since the pool was built: samples cut at the timeout, children that died while
         #: scoring, and children started to replace one that was killed or died.
         self.stats = {"timeouts": 0, "crashes": 0, "restarts": 0}
@@ -227,29 +250,89 @@ class ScoringPool:
     def run(self, samples: Sequence[dict[str, Any]]) -> list[Outcome]:
         """Score every ``{"response", "ground_truth", **fields}`` sample; outcomes in the samples' order.
 
-        Raises ``PoolStartError`` when no child can be started.
+        Callers in several threads (a reward worker serving several groups at once) share the children: their
+        samples are dispatched as they come, and no batch waits for another to finish. One caller at a time
+        drives the pool (sends samples, reads results, enforces time limits) for every batch until its own is
+        done, then hands over to a caller still waiting. Raises ``PoolStartError`` when no child can be started.
         """
-        with self._lock:
+        job = _Job(samples, [None] * len(samples), len(samples))
+        with self._cond:
             if self.closed:
                 raise RuntimeError(f"{self.name}: the scoring pool is closed")
-            outcomes: list[Outcome | None] = [None] * len(samples)
-            self._waiting = deque(range(len(samples)))
-            try:
-                while self._waiting or any(child.queue for child in self._children):
-                    self._dispatch(samples, outcomes)
-                    self._collect(outcomes)
-            except BaseException:
-                # Interrupted (Ctrl-C, a cancelled task): a child still busy would answer a later batch with
-                # this batch's indices, so it goes.
-                for child in [c for c in self._children if c.queue]:
-                    child.queue.clear()
-                    self._replace(child)
-                raise
-            finally:
-                self._waiting = deque()
-            return [outcome for outcome in outcomes if outcome is not None]
+            if not samples:
+                return []
+            self._waiting.extend((job, i) for i in range(len(samples)))
+            self._wake()
+        try:
+            while True:
+                with self._cond:
+                    while not job.finished and self._driver is not None:
+                        self._cond.wait()
+                    if job.finished:
+                        break
+                    self._driver = threading.get_ident()
+                try:
+                    while not job.finished:
+                        self._dispatch()
+                        self._collect()
+                        self._drop_cancelled()
+                except PoolStartError as err:
+                    with self._cond:
+                        for other in {j for j, _ in self._waiting} | {job}:
+                            other.error = err
+                    raise
+                finally:
+                    with self._cond:
+                        self._driver = None
+                        self._cond.notify_all()
+        except BaseException:
+            # Interrupted (Ctrl-C, a cancelled task): the job's samples leave the queue, and a child still busy
+            # with one is replaced by whoever drives the pool next, so that no stale work holds a child.
+            with self._cond:
+                job.cancelled = True
+                self._waiting = deque(item for item in self._waiting if item[0] is not job)
+                self._cond.notify_all()
+                free = self._driver is None and not self.closed
+                if free:
+                    self._driver = threading.get_ident()
+            if free:
+                try:
+                    with contextlib.suppress(Exception):
+                        self._drop_cancelled()
+                finally:
+                    with self._cond:
+                        self._driver = None
+                        self._cond.notify_all()
+            raise
+        if job.error is not None:
+            raise job.error
+        return [outcome for outcome in job.outcomes if outcome is not None]
 
     # ------------------------------------------------------------------------------------------- internals
+
+    def _wake(self) -> None:
+        """Wake the caller that drives the pool from its wait on the children (new samples are queued)."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send_bytes(b"x")
+
+    def _finish(self, token: int, outcome: Outcome) -> None:
+        job, index = self._sent.pop(token)
+        if job.cancelled or job.outcomes[index] is not None:
+            return
+        job.outcomes[index] = outcome
+        job.left -= 1
+        if job.left == 0:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _drop_cancelled(self) -> None:
+        """Replace the children busy with a cancelled batch's sample; forget its queued ones."""
+        for child in list(self._children):
+            if child.queue and self._sent[child.queue[0]][0].cancelled:
+                for token in child.queue:
+                    self._sent.pop(token, None)
+                child.queue.clear()
+                self._replace(child)
 
     def _start(self) -> _Child:
         parent_conn, child_conn = self._context.Pipe(duplex=True)
@@ -264,41 +347,47 @@ class ScoringPool:
         child_conn.close()
         return _Child(process=process, conn=parent_conn, started=time.monotonic())
 
-    def _dispatch(self, samples: Sequence[dict], outcomes: list[Outcome | None]) -> None:
+    def _dispatch(self) -> None:
         """Send waiting samples to the ready children, level by level: every child gets one before any gets two."""
         for depth in range(1, QUEUE_DEPTH + 1):
             for child in list(self._children):
-                if not self._waiting:
-                    return
                 if not child.ready or len(child.queue) >= depth:
                     continue
-                index = self._waiting.popleft()
+                with self._cond:
+                    if not self._waiting:
+                        return
+                    job, index = self._waiting.popleft()
+                token = next(self._tokens)
+                self._sent[token] = (job, index)
                 try:
-                    child.conn.send((index, samples[index]))
+                    child.conn.send((token, job.samples[index]))
                 except (pickle.PicklingError, TypeError, AttributeError) as err:
-                    outcomes[index] = Outcome(
-                        "error", detail=f"the sample cannot be sent to a scoring process: {err}"
-                    )
+                    self._finish(token, Outcome("error", detail=f"the sample cannot be sent to a scoring process: {err}"))
                     continue
                 except OSError:
                     # The child is gone; this sample never reached it.
-                    self._waiting.appendleft(index)
-                    self._lost(child, outcomes)
+                    del self._sent[token]
+                    with self._cond:
+                        self._waiting.appendleft((job, index))
+                    self._lost(child)
                     continue
                 if not child.queue:
                     child.deadline = time.monotonic() + self.timeout_s
-                child.queue.append(index)
+                child.queue.append(token)
 
-    def _collect(self, outcomes: list[Outcome | None]) -> None:
+    def _collect(self) -> None:
         now = time.monotonic()
         deadlines = [c.deadline for c in self._children if c.queue]
         deadlines += [c.started + self.start_timeout_s for c in self._children if not c.ready]
         timeout = max(0.0, min(deadlines) - now) if deadlines else None
-        handles = [c.conn for c in self._children] + [c.process.sentinel for c in self._children]
+        handles = [c.conn for c in self._children] + [c.process.sentinel for c in self._children] + [self._wake_r]
         ready = set(multiprocessing.connection.wait(handles, timeout))
+        if self._wake_r in ready:
+            while self._wake_r.poll():
+                self._wake_r.recv_bytes()
         for child in list(self._children):
             if child.conn in ready or child.process.sentinel in ready:
-                self._read(child, outcomes)
+                self._read(child)
         now = time.monotonic()
         for child in list(self._children):
             if child.queue and now >= child.deadline:
@@ -308,42 +397,40 @@ class ScoringPool:
                     self.timeout_s,
                     child.process.pid,
                 )
-                outcomes[child.queue.popleft()] = Outcome("timeout")
+                self._finish(child.queue.popleft(), Outcome("timeout"))
                 self.stats["timeouts"] += 1
                 self._replace(child)
             elif not child.ready and now >= child.started + self.start_timeout_s:
                 child.failure = f"did not start within {self.start_timeout_s:.0f}s"
                 self._replace(child)
 
-    def _read(self, child: _Child, outcomes: list[Outcome | None]) -> None:
+    def _read(self, child: _Child) -> None:
         try:
             while child.conn.poll():
-                kind, index, payload = child.conn.recv()
+                kind, token, payload = child.conn.recv()
                 if kind == "ready":
                     child.ready = True
                     self._start_failures = 0
                 elif kind == "failed":
                     child.failure = payload
-                elif child.queue and index == child.queue[0]:
+                elif child.queue and token == child.queue[0]:
                     child.queue.popleft()
-                    outcomes[index] = (
-                        Outcome(kind, value=payload) if kind == "ok" else Outcome(kind, detail=payload)
-                    )
+                    self._finish(token, Outcome(kind, value=payload) if kind == "ok" else Outcome(kind, detail=payload))
                     # The next queued sample starts now (give or take the time this message took to read).
                     child.deadline = time.monotonic() + self.timeout_s if child.queue else math.inf
         except (EOFError, OSError):
-            self._lost(child, outcomes)
+            self._lost(child)
             return
         if not child.process.is_alive():
-            self._lost(child, outcomes)
+            self._lost(child)
 
-    def _lost(self, child: _Child, outcomes: list[Outcome | None]) -> None:
+    def _lost(self, child: _Child) -> None:
         """A child died on its own: its sample (if any) is a crash; one that never started is a failure."""
         child.process.join(5.0)
         how = f"exit code {child.process.exitcode}"
         if child.queue:
             logger.warning("%s: a scoring process died while scoring (%s); replaced", self.name, how)
-            outcomes[child.queue.popleft()] = Outcome("crash", detail=f"the scoring process died ({how})")
+            self._finish(child.queue.popleft(), Outcome("crash", detail=f"the scoring process died ({how})"))
             self.stats["crashes"] += 1
         elif not child.ready:
             child.failure = child.failure or f"the scoring process died while starting ({how})"
@@ -351,7 +438,8 @@ class ScoringPool:
 
     def _replace(self, child: _Child) -> None:
         """Kill ``child`` if it still runs and start another; samples it had not started go back to the queue."""
-        self._waiting.extendleft(reversed(child.queue))
+        with self._cond:
+            self._waiting.extendleft(reversed([self._sent.pop(token) for token in child.queue]))
         child.queue.clear()
         if child.process.is_alive():
             child.process.kill()

@@ -11,11 +11,13 @@ a masked sample leaves the loss.
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
 from collections.abc import Sequence
 
 from workers.devices import gpu_or_cpu
 from workers.rewards.base import RewardResult
+from workers.rewards.io_loop import IOScoringLoop
 from workers.rewards.pool import Outcome, ScoringPool
 from workers.rewards.registry import get_reward_scorer_cls
 from workers.rewards.scored import (
@@ -36,10 +38,17 @@ class RewardWorker:
 
     ``worker_spec`` is a registered name (``math_rule``, ``code_sandbox``), an entry-point name, or a
     ``package.module:Class`` path; ``options`` are the scorer's options (``rewards.<domain>.options``),
-    checked here by building the scorer once. ``processes`` is the number of samples scored at once, each in
-    its own process of the worker's pool; the processes start
-    in the background when the worker is built. ``start_timeout_s`` bounds a scoring process's start-up.
+    checked here by building the scorer once. ``processes`` is the number of samples scored at once: each in
+    its own process of the worker's pool (started in the background when the worker is built;
+    ``start_timeout_s`` bounds a process's start-up), or, for a scorer that is I/O-bound with these options,
+    requests in flight on an asyncio loop (workers/rewards/io_loop.py); a batched scorer (a reward model) scores
+    whole batches in this process. ``score_batch`` may be called from several threads at once (the Ray actor
+    serves several groups at a time): no batch waits for another to finish.
     """
+
+    MAX_CONCURRENT_BATCHES = 16
+    """score_batch calls the Ray actor serves at once (threads): the groups of a step that land together are
+    scored together, sharing the worker's processes (or in-flight slots)."""
 
     def __init__(
         self,
@@ -62,11 +71,16 @@ class RewardWorker:
         # worker_lost is the scheduler's finding (this worker died), never this worker's own.
         self._masked_total = dict.fromkeys((r for r in MASK_REASONS if r != MASK_WORKER_LOST), 0)
         self._scored_total = 0
+        self._lock = threading.Lock()  # counters, and a batched scorer's model: calls come from several threads
         if scorer_cls.batched:
             # A model scores whole batches in this process, on this worker's device (see BatchedRewardScorer).
             self._scorer = scorer_cls(**options)
             self._scorer.load(gpu_or_cpu(num_gpus, f"reward worker {domain!r}"))
             self._pool = None
+            return
+        if scorer_cls.io_bound(options):
+            self._pool = IOScoringLoop(scorer_cls, options, in_flight=processes, timeout_s=timeout_s,
+                                       name=f"reward-{domain}")
             return
         # Built here only to report a bad option at once, in the caller's process; the pool's children build
         # their own.
@@ -105,11 +119,12 @@ class RewardWorker:
         records = [
             self._to_record(sample, outcome) for sample, outcome in zip(samples, outcomes, strict=True)
         ]
-        for record in records:
-            if record.masked:
-                self._masked_total[record.mask_reason] += 1
-            else:
-                self._scored_total += 1
+        with self._lock:
+            for record in records:
+                if record.masked:
+                    self._masked_total[record.mask_reason] += 1
+                else:
+                    self._scored_total += 1
         return records
 
     def stats(self) -> dict[str, int]:
@@ -121,7 +136,8 @@ class RewardWorker:
     def _score_in_process(self, samples: list[dict]) -> list[Outcome]:
         """A batched scorer's outcomes: its values, or an error for every sample when the batch call raised."""
         try:
-            values = self._scorer.score_batch(samples)
+            with self._lock:  # one batch at a time on the model
+                values = self._scorer.score_batch(samples)
         except Exception:
             return [Outcome("error", detail=traceback.format_exc()) for _ in samples]
         if len(values) != len(samples):
