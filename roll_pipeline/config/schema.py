@@ -303,7 +303,8 @@ class RewardConfig:
     timeout_s: float = 30.0
     """Per-sample scoring time limit; a sample that runs past it is masked, never scored 0."""
     num_processes: int = 2
-    """Samples scored at once, each in its own process of the worker's pool (the old name `num_threads` is still
+    """Samples scored at once, each in its own process of the worker's pool; for an I/O-bound scorer (llm_judge,
+    remote code_sandbox), requests in flight on the worker's asyncio loop (the old name `num_threads` is still
     read, with a warning)."""
     group_filters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     """Dynamic sampling: named group filters (schedulers/filters.py) with their parameters, applied in order; a
