@@ -215,9 +215,12 @@ class FakeCluster:
         self.calls += 1
         return [{f"{self.name}/loss": 1.0}, {f"{self.name}/loss": 3.0}]  # two ranks
 
+    def call_names(self, method: str) -> list[str]:
+        return [f"{self.name}[{rank}].{method}" for rank in range(2)]
+
 
 def test_critic_warmup_trains_only_the_critic_for_its_steps(monkeypatch):
-    monkeypatch.setattr(pipeline_module.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(pipeline_module.RLVRPipeline, "wait_for", lambda self, refs, names: refs)
     pipeline = RLVRPipeline(config(*GAE, "critic_warmup=2"))
     pipeline.actor_train, pipeline.critic = FakeCluster("actor"), FakeCluster("critic")
     seen = []

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from roll_pipeline.driver.runtime import start_local_ray
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from workers.rewards import registry
 from workers.rewards.base import RewardResult, RewardScorer
 from workers.rewards.code_sandbox import CodeSandboxScorer
@@ -218,7 +218,9 @@ def test_batches_from_several_callers_are_scored_at_once_not_one_after_another(m
     from concurrent.futures import ThreadPoolExecutor
 
     worker = make_worker("echo", ECHO, {}, processes=3)
-    worker.score_batch([sample()])  # the processes are up
+    # Every process up and known to be (else a sample may queue behind another on a busy one, by design:
+    # QUEUE_DEPTH): samples of 0.3 s until all three have scored one.
+    wait_for(lambda: len(pids(worker.score_batch([sample(mode="sleep", sleep_s=0.3)] * 3))) == 3, "3 processes up")
     with ThreadPoolExecutor(3) as callers:
         batches = list(callers.map(
             lambda _: worker.score_batch([sample(mode="rendezvous", folder=str(tmp_path), need=3)]), range(3)

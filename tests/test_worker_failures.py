@@ -137,7 +137,7 @@ def pipeline(tmp_path_factory, tiny_model, mlflow_db):
 
 @pytest.mark.slow
 def test_a_reward_worker_killed_mid_step_is_restarted_and_scores_the_batch_again(pipeline):
-    worker = pipeline.rewards["math"]["math_rule"].workers[0]
+    worker = pipeline.rewards["math"]["SlowMathScorer"].workers[0]
     before = pid_of(worker)
     batch, metrics = during_rollout(pipeline, pipeline.marks, lambda: os.kill(before, signal.SIGKILL))
     assert_every_group_once(batch)
@@ -180,6 +180,6 @@ def test_actor_infer_killed_mid_step_gets_the_current_weights_and_the_requests_a
 @pytest.mark.slow
 def test_workers_run_at_the_drivers_priority(pipeline):
     """Ray would start them at niceness 15, where any busy process on a shared machine starves the run."""
-    workers = [pipeline.actor_train.workers[0], pipeline.actor_infer.workers[0], pipeline.rewards["math"]["math_rule"].workers[0]]
+    workers = [pipeline.actor_train.workers[0], pipeline.actor_infer.workers[0], pipeline.rewards["math"]["SlowMathScorer"].workers[0]]
     niceness = ray.get([w.__ray_call__.remote(lambda self: os.nice(0)) for w in workers])
     assert niceness == [os.nice(0)] * 3

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -115,18 +115,26 @@ def build_tiny_model(out_dir: Path, train_files: list[Path], seed: int = 0, **hy
         logger.info("tiny model in %s is up to date, not rebuilding", out_dir)
         return out_dir
 
+    return write_build(out_dir, spec, lambda staging: _build_in_pinned_process(staging, hparams, train_files, seed),
+                       "tiny model")
+
+
+def write_build(out_dir: Path, spec: dict, build: Callable[[Path], dict], what: str) -> Path:
+    """Build into a staging folder beside `out_dir` (`build(staging)` writes the model there and returns its
+    figures), record spec, figures and build_seconds in build_info.json, then move it into place; a failed build
+    leaves `out_dir` as it was."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
     try:
         started = time.perf_counter()
-        results = _build_in_pinned_process(staging, hparams, train_files, seed)
+        results = build(staging)
         info = {**spec, **results, "build_seconds": round(time.perf_counter() - started, 1)}
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
         _replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    logger.info("built tiny model in %s (%s)", out_dir, results)
+    logger.info("built %s in %s (%s)", what, out_dir, results)
     return out_dir
 
 

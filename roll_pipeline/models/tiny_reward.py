@@ -18,15 +18,12 @@ import hashlib
 import json
 import logging
 import random
-import shutil
-import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from roll_pipeline.models.tiny import BUILD_INFO, BUILD_THREADS, WEIGHTS_FILE, _replace_dir, weights_sha256
+from roll_pipeline.models.tiny import BUILD_INFO, BUILD_THREADS, WEIGHTS_FILE, weights_sha256, write_build
 
 logger = logging.getLogger(__name__)
 
@@ -78,20 +75,11 @@ def build_tiny_reward_model(out_dir: Path, base_dir: Path, train_file: Path, val
             return out_dir
     except (FileNotFoundError, json.JSONDecodeError):
         pass
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
-    try:
-        started = time.perf_counter()
+    def build(staging: Path) -> dict:
         results = _build(staging, Path(base_dir), Path(train_file), Path(val_file), seed, hparams)
-        info = {**spec, **results, "weights_sha256": weights_sha256(staging),
-                "build_seconds": round(time.perf_counter() - started, 1)}
-        (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        _replace_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    logger.info("built tiny reward model in %s (%s)", out_dir, results)
-    return out_dir
+        return {**results, "weights_sha256": weights_sha256(staging)}
+
+    return write_build(out_dir, spec, build, "tiny reward model")
 
 
 def _read(path: Path) -> list[dict]:

@@ -348,7 +348,12 @@ class ScoringPool:
         return _Child(process=process, conn=parent_conn, started=time.monotonic())
 
     def _dispatch(self) -> None:
-        """Send waiting samples to the ready children, level by level: every child gets one before any gets two."""
+        """Send waiting samples to the ready children, level by level: every child gets one before any gets two.
+        A child's "ready" may wait unread in its pipe (no caller drove the pool since it came): read first, so that
+        a sample does not queue behind another's on a busy child while an idle one is there."""
+        for child in [c for c in self._children if not c.ready]:
+            if child.conn.poll():
+                self._read(child)
         for depth in range(1, QUEUE_DEPTH + 1):
             for child in list(self._children):
                 if not child.ready or len(child.queue) >= depth:
