@@ -116,7 +116,7 @@ def _build(out_dir: Path, base_dir: Path, train_file: Path, val_file: Path, seed
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if (step + 1) % 100 == 0:
             logger.info("tiny reward model: step %d/%d, loss %.3f", step + 1, hparams.steps, sum(losses[-100:]) / 100)
     model.eval()
