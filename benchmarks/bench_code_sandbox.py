@@ -84,6 +84,21 @@ WORKLOADS = {
 
 def rate(work, concurrency: int, seconds: float) -> float:
     """Calls of ``work()`` per second from ``concurrency`` threads, over about ``seconds``."""
+    return rate_and_cpu(work, concurrency, seconds)[0]
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended (their children included, as each
+    waited for its own: a sandbox's program counts once bubblewrap, its parent here, has been reaped)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def rate_and_cpu(work, concurrency: int, seconds: float) -> tuple[float, float]:
+    """(calls of ``work()`` per second from ``concurrency`` threads over about ``seconds``, CPU milliseconds per
+    call of this process and its ended children). Sandboxes a pool starts ahead and has not handed out yet are
+    not counted: they are as many at the end as at the start."""
+    cpu0 = cpu_seconds()
     done = [0] * concurrency
     stop = time.monotonic() + seconds
 
@@ -98,7 +113,8 @@ def rate(work, concurrency: int, seconds: float) -> float:
         t.start()
     for t in threads:
         t.join()
-    return sum(done) / (time.monotonic() - start)
+    calls = sum(done)
+    return calls / (time.monotonic() - start), 1000 * (cpu_seconds() - cpu0) / max(calls, 1)
 
 
 def bare_runner(python: str, name: str):
@@ -159,6 +175,72 @@ class ColdScorer(CodeSandboxScorer):
 
     def _executor_here(self):
         return ColdStarts(self.spec)
+
+
+class TimedStarts(ColdStarts):
+    """ColdStarts that adds up the seconds of each part of a run: starting the sandbox (the process, the
+    namespaces, the harness up and ready) and running the job in it (hand-over, the program, its report)."""
+
+    def __init__(self, spec) -> None:
+        super().__init__(spec)
+        self.start_s = self.run_s = 0.0
+
+    def run(self, job: dict, stdin: bytes = b"", timeout_s: float | None = None):
+        limits = self.spec.limits
+        t0 = time.perf_counter()
+        sandbox = self._started()
+        t1 = time.perf_counter()
+        out = sandbox.run(job, stdin, limits.output_bytes, min(limits.timeout_s, timeout_s or 1e9))
+        self.start_s += t1 - t0
+        self.run_s += time.perf_counter() - t1
+        return out
+
+
+def cost_split(name: str, samples: int, isolated: bool = True) -> dict[str, float]:
+    """Median-free totals over `samples` sequential samples of workload `name` (trivial, call-5 or stdio-5), in
+    milliseconds per sample: ``start`` (sandbox start-up), ``run`` (job in the started sandbox), ``judge`` (the
+    scorer's own work: parsing tests, building jobs, comparing outputs), ``total`` and ``cpu``. ``isolated``
+    False: the same harness and judging without bubblewrap, seccomp or cgroups (the harness's own cost)."""
+    import dataclasses
+
+    base = CodeSandboxScorer(concurrency=1)
+    spec = base.spec
+    base.close()
+    if not isolated:
+        spec = dataclasses.replace(spec, bwrap=None, seccomp=None, memory_cgroups=None)
+    starts = TimedStarts(spec)
+
+    class Scorer(CodeSandboxScorer):
+        def _executor_here(self):
+            return starts
+
+    scorer = Scorer(concurrency=1)
+    work = scorer_runner(scorer, name)
+    work()  # warm-up: imports, the first parse
+    starts.start_s = starts.run_s = 0.0
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    for _ in range(samples):
+        work()
+    total, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    ms = 1000 / samples
+    return {
+        "start": starts.start_s * ms,
+        "run": starts.run_s * ms,
+        "judge": (total - starts.start_s - starts.run_s) * ms,
+        "total": total * ms,
+        "cpu": cpu * ms,
+    }
+
+
+def bare_cost(python: str, name: str, samples: int) -> dict[str, float]:
+    """Milliseconds per sample of `bare_runner`, wall and CPU (this process and its children)."""
+    work = bare_runner(python, name)
+    work()
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    for _ in range(samples):
+        work()
+    ms = 1000 / samples
+    return {"total": (time.perf_counter() - t0) * ms, "cpu": (cpu_seconds() - cpu0) * ms}
 
 
 def scorer_runner(scorer: CodeSandboxScorer, name: str):

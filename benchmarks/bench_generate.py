@@ -16,6 +16,16 @@ Every call samples from the same seed (the worker's `seed` argument; `torch.manu
 three generate the same tokens and the figures differ only by overhead; the token counts are checked equal.
 Throughput is generated tokens (up to and including end-of-sequence) per second. All use the worker's
 `torch_threads`. Afterwards one worker call runs under cProfile, to show where its time goes.
+
+Two more ways send the batch as the pipeline sends it, unseeded (a seeded request runs as a batch of its own):
+
+* per-prompt: one Ray call per prompt for its group, all sent at once, as a scheduler's step does; the worker's
+  request batcher joins whatever arrived within its gather window (`batches per call` says how many batches
+  it ran: more than one means generation ran that many times one after the other);
+* one request: the whole batch in one Ray call.
+
+Unseeded calls generate different tokens, so these compare tokens per second, with each way's tokens and decode
+steps (the decode loop's forward passes) per call beside them.
 """
 
 from __future__ import annotations
@@ -24,13 +34,14 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.summary import Comparison, Section, in_turn, markdown_table, print_section
+from benchmarks.summary import Comparison, Section, in_turn, markdown_table, print_section, turn_order
 
 SEED = 1234
 
@@ -62,7 +73,7 @@ class Bare:
             do_sample=True,
             temperature=args.temperature,
             top_p=args.top_p,
-            top_k=args.top_k or None,
+            top_k=args.top_k,  # 0: off, as the worker passes it (None would let generate fill in 50)
             max_new_tokens=args.max_new_tokens,
             num_return_sequences=cfg.num_return_sequences_in_group,
             eos_token_id=self.eos,
@@ -88,6 +99,14 @@ def throughput(call, calls: int) -> tuple[float, int]:
     if len(set(tokens)) != 1:
         raise RuntimeError(f"the same seed gave different token counts: {tokens}")
     return sum(tokens) / elapsed, tokens[0]
+
+
+def sampled_rate(call, calls: int) -> tuple[float, int]:
+    """(tokens per second, median tokens per call) over `calls` calls of `call() -> tokens`, tokens free to vary."""
+    start = time.perf_counter()
+    tokens = [call() for _ in range(calls)]
+    elapsed = time.perf_counter() - start
+    return sum(tokens) / elapsed, int(statistics.median(tokens))
 
 
 def profile_table(profiler: cProfile.Profile, limit: int = 14) -> str:
@@ -154,7 +173,7 @@ def profile_worker_call(worker, call) -> str:
     )
 
 
-def measure(repeats: int = 3, calls: int = 3, quick: bool = False, log=print) -> Section:
+def measure(repeats: int = 5, calls: int = 10, quick: bool = False, log=print) -> Section:
     import ray
 
     from roll_pipeline.api import ActorInferWorker, Cluster, worker_env
@@ -201,6 +220,16 @@ def measure(repeats: int = 3, calls: int = 3, quick: bool = False, log=print) ->
                 )
                 return int(out["response_mask"].sum())
 
+            def per_prompt() -> int:
+                refs = [
+                    remote.generate_request.remote(f"bench-{next(ids)}", [p], args, n) for p in prompts
+                ]
+                return sum(int(out["response_mask"].sum()) for out in ray.get(refs))
+
+            def one_request() -> int:
+                out = ray.get(remote.generate_request.remote(f"bench-{next(ids)}", prompts, args, n))
+                return int(out["response_mask"].sum())
+
             ways = {"bare": bare, "worker": in_process, "ray": via_ray}
             for name, call in ways.items():
                 tokens[name] = call()  # warm-up, untimed
@@ -217,6 +246,25 @@ def measure(repeats: int = 3, calls: int = 3, quick: bool = False, log=print) ->
                 log(
                     f"  [generate] repetition {r + 1}: bare {bare_rate:.0f} tok/s, worker {ours[0][0]:.0f} tok/s, "
                     f"ray {ours[1][0]:.0f} tok/s"
+                )
+            pattern = {"per_prompt": [], "one_request": [], "bare": []}
+            per_call: dict[str, list[dict[str, float]]] = {"per_prompt": [], "one_request": []}
+            for r in range(repeats):
+                for name in turn_order(r, ["per_prompt", "one_request", "bare"]):
+                    if name == "bare":
+                        pattern["bare"].append(throughput(bare, calls)[0])
+                        continue
+                    before = len(ray.get(remote.batch_stats.remote()))
+                    rate, _ = sampled_rate(per_prompt if name == "per_prompt" else one_request, calls)
+                    ran = ray.get(remote.batch_stats.remote())[before:]
+                    pattern[name].append(rate)
+                    per_call[name].append(
+                        {k: sum(b[k] for b in ran) / calls for k in ("tokens", "decode_steps")}
+                        | {"batches": len(ran) / calls}
+                    )
+                log(
+                    f"  [generate] pattern repetition {r + 1}: per-prompt {pattern['per_prompt'][-1]:.0f} tok/s, "
+                    f"one request {pattern['one_request'][-1]:.0f} tok/s, bare {pattern['bare'][-1]:.0f} tok/s"
                 )
             profile = profile_worker_call(worker, in_process)
         finally:
@@ -258,6 +306,41 @@ def measure(repeats: int = 3, calls: int = 3, quick: bool = False, log=print) ->
             ),
         ],
     )
+    section.comparisons += [
+        Comparison(
+            "actor_infer throughput, per-prompt requests via Ray (the scheduler's pattern)",
+            "tokens/s",
+            "per-prompt requests",
+            tuple(pattern["per_prompt"]),
+            "bare generate",
+            tuple(pattern["bare"]),
+            higher_is_better=True,
+        ),
+        Comparison(
+            "actor_infer throughput, one request per batch via Ray",
+            "tokens/s",
+            "one request",
+            tuple(pattern["one_request"]),
+            "bare generate",
+            tuple(pattern["bare"]),
+            higher_is_better=True,
+        ),
+    ]
+    rows = [
+        [
+            label,
+            *(
+                f"{statistics.median(c[k] for c in per_call[name]):.2f}"
+                for k in ("batches", "tokens", "decode_steps")
+            ),
+        ]
+        for name, label in (("per_prompt", "per-prompt requests"), ("one_request", "one request"))
+    ]
+    section.details.append(
+        f"Unseeded calls in the pipeline's pattern ({calls} calls per figure and repetition; bare: the seeded bare "
+        f"loop, {tokens.get('bare')} tokens a call). Per call, median over repetitions:\n\n"
+        + markdown_table(rows, ["way", "generation batches", "tokens", "decode steps"])
+    )
     section.details.append(profile)
     section.wall_s = time.perf_counter() - start_wall
     return section
@@ -265,8 +348,8 @@ def measure(repeats: int = 3, calls: int = 3, quick: bool = False, log=print) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="bench_trl's tiny batch, for a smoke run")
     args = parser.parse_args(argv)
     section = measure(args.repeats, args.calls, args.quick)

@@ -16,7 +16,15 @@ import argparse
 import os
 import time
 
-from benchmarks.summary import Comparison, Section, in_turn, render_table, summary_rows
+from benchmarks.summary import (
+    Comparison,
+    Measure,
+    Section,
+    in_turn,
+    markdown_table,
+    render_table,
+    summary_rows,
+)
 
 
 def measure_math(repeats: int, cases: int, processes: int, log=print) -> tuple[Comparison, str]:
@@ -54,28 +62,32 @@ def measure_math(repeats: int, cases: int, processes: int, log=print) -> tuple[C
 
 def measure_code(
     repeats: int, seconds: float, concurrency: list[int], workloads: list[str], log=print
-) -> list[Comparison]:
-    from benchmarks.bench_code_sandbox import bare_runner, rate, scorer_runner
+) -> tuple[list[Comparison], list[Measure]]:
+    """Samples per second of the sandboxed scorer against bare subprocesses, and the CPU milliseconds each side
+    spent per sample (this process and its ended children: the sandboxes, bubblewrap, the programs)."""
+    from benchmarks.bench_code_sandbox import bare_runner, rate_and_cpu, scorer_runner
     from roll_pipeline.api import CodeSandboxScorer
 
-    out = []
+    out, cpu = [], []
     for conc in concurrency:
         scorer = CodeSandboxScorer(concurrency=conc)
         try:
-            figures: dict[str, tuple[list[float], list[float]]] = {w: ([], []) for w in workloads}
+            figures: dict[str, tuple[list, list]] = {w: ([], []) for w in workloads}
             for r in range(repeats):
                 for name in workloads:
                     pooled, bare = in_turn(
                         r,
-                        lambda name=name, s=scorer, c=conc: rate(scorer_runner(s, name), c, seconds),
-                        lambda name=name, s=scorer, c=conc: rate(
+                        lambda name=name, s=scorer, c=conc: rate_and_cpu(scorer_runner(s, name), c, seconds),
+                        lambda name=name, s=scorer, c=conc: rate_and_cpu(
                             bare_runner(s.spec.python, name), c, seconds
                         ),
                     )
                     figures[name][0].append(pooled)
                     figures[name][1].append(bare)
                     log(
-                        f"  [rewards] repetition {r + 1}: code {name} at concurrency {conc}: sandbox {pooled:.1f}/s, bare {bare:.1f}/s"
+                        f"  [rewards] repetition {r + 1}: code {name} at concurrency {conc}: sandbox "
+                        f"{pooled[0]:.1f}/s ({pooled[1]:.1f} CPU ms each), bare {bare[0]:.1f}/s "
+                        f"({bare[1]:.1f} CPU ms each)"
                     )
         finally:
             scorer.close()
@@ -84,14 +96,53 @@ def measure_code(
                 f"code_sandbox {name}, concurrency {conc}",
                 "samples/s",
                 "sandboxed scorer",
-                tuple(p),
+                tuple(x[0] for x in p),
                 "bare subprocess",
-                tuple(b),
+                tuple(x[0] for x in b),
                 higher_is_better=True,
             )
             for name, (p, b) in figures.items()
         ]
-    return out
+        cpu += [
+            Measure(
+                f"code_sandbox {name}, concurrency {conc}: CPU per sample",
+                "CPU ms",
+                {"sandboxed scorer": tuple(x[1] for x in p), "bare subprocess": tuple(x[1] for x in b)},
+            )
+            for name, (p, b) in figures.items()
+        ]
+    return out, cpu
+
+
+def sandbox_cost_table(workloads: list[str], samples: int, log=print) -> str:
+    """Markdown: where one sequential sample's milliseconds go, per workload: the bare subprocesses; the scorer's
+    harness and judging without isolation; the same isolated (bubblewrap, seccomp, cgroups), each sandbox started
+    at request time so that its start-up is on the clock and can be told apart from the run."""
+    from benchmarks.bench_code_sandbox import bare_cost, cost_split
+    from roll_pipeline.api import CodeSandboxScorer
+
+    scorer = CodeSandboxScorer(concurrency=1)
+    python = scorer.spec.python
+    scorer.close()
+    rows = []
+    for name in workloads:
+        bare = bare_cost(python, name, samples)
+        plain = cost_split(name, samples, isolated=False)
+        isolated = cost_split(name, samples, isolated=True)
+        log(f"  [rewards] cost split {name}: bare {bare}, harness {plain}, isolated {isolated}")
+        rows.append([name, "bare subprocess", "", "", "", f"{bare['total']:.1f}", f"{bare['cpu']:.1f}"])
+        for label, x in (("harness, no isolation", plain), ("harness, isolated", isolated)):
+            rows.append(
+                [name, label, *(f"{x[k]:.1f}" for k in ("start", "run", "judge", "total", "cpu"))]
+            )
+    return (
+        f"Where a sandboxed sample's time goes ({samples} samples one after the other per row, milliseconds per "
+        "sample; each sandbox started when its run is asked for, so start-up is on the clock; `judge` is the rest "
+        "of the scorer's call: parsing the tests, building the jobs, comparing outputs; `CPU` is this process and "
+        "its ended children, the programs included). The isolated rows minus the unisolated ones are the price of "
+        "isolation; the unisolated ones minus bare, the harness's:\n\n"
+        + markdown_table(rows, ["workload", "way", "start", "run", "judge", "total", "CPU"])
+    )
 
 
 def launch_costs(runs: int) -> dict[str, float]:
@@ -130,7 +181,7 @@ def measure(repeats: int = 3, quick: bool = False, log=print) -> Section:
     workloads = ["trivial"] if quick else list(WORKLOADS)
     concurrency = [1, 2, 4]
     math_comparison, math_note = measure_math(repeats, cases, processes, log)
-    code = measure_code(repeats, seconds, concurrency, workloads, log)
+    code, cpu = measure_code(repeats, seconds, concurrency, workloads, log)
     section = Section(
         title="4. Rewards",
         setup=(
@@ -141,7 +192,9 @@ def measure(repeats: int = 3, quick: bool = False, log=print) -> Section:
             "plain `python -I -S` subprocesses. See benchmarks/bench_rewards.py."
         ),
         comparisons=[math_comparison, *code],
+        measures=cpu,
     )
+    section.details.append(sandbox_cost_table(workloads, 10 if quick else 40, log))
     costs = launch_costs(10 if quick else 40)
     log(f"  [rewards] launch costs (ms): {costs}")
     trivial = next(c for c in code if c.name == "code_sandbox trivial, concurrency 1")

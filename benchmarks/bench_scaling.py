@@ -107,10 +107,12 @@ def run_points(
     return results
 
 
-def comparisons(results: dict[str, list[dict[str, Any]]]) -> list[Comparison]:
+def comparisons(results: dict[str, list[dict[str, Any]]], per_token: bool = False) -> list[Comparison]:
+    """Each point's step time over the first point's, per repetition; with `per_token` also its step time per
+    generated token (the points' responses differ in length: math answers are shorter than code)."""
     names = list(results)
     base = tuple(x["step_s"] for x in results[names[0]])
-    return [
+    out = [
         Comparison(
             f"step time, {name} / {names[0]}",
             "s/step",
@@ -122,6 +124,21 @@ def comparisons(results: dict[str, list[dict[str, Any]]]) -> list[Comparison]:
         )
         for name in names[1:]
     ]
+    if per_token:
+        base_token = tuple(1000 * x["step_s"] / x["tokens"] for x in results[names[0]])
+        out += [
+            Comparison(
+                f"step time per generated token, {name} / {names[0]}",
+                "ms/token",
+                name,
+                tuple(1000 * x["step_s"] / x["tokens"] for x in results[name]),
+                names[0],
+                base_token,
+                higher_is_better=None,
+            )
+            for name in names[1:]
+        ]
+    return out
 
 
 def points_table(results: dict[str, list[dict[str, Any]]], prompts: dict[str, int]) -> str:
@@ -178,9 +195,11 @@ def measure(repeats: int = 3, steps: int = 10, quick: bool = False, log=print) -
             "every point takes two or more optimizer steps and runs the log-prob pass). "
             "Domains: examples/multi_domain_local_judge.yaml with 1, 2 and 3 domains (the open domain's judge "
             "in a Ray actor), group filters off. The ratio is each point's step time over the first point's in "
-            "the same repetition; with perfect linear scaling in the batch it would equal the batch ratio."
+            "the same repetition; with perfect linear scaling in the batch it would equal the batch ratio. For the "
+            "domains also per generated token (step time over the tokens the step trained on), since code and "
+            "open answers are longer than math ones."
         ),
-        comparisons=comparisons(batches) + comparisons(domains),
+        comparisons=comparisons(batches) + comparisons(domains, per_token=True),
     )
     section.details += [
         "As rollout_batch_size doubles (stage columns: median seconds of the pipeline's time/<stage>_s):\n\n"

@@ -196,10 +196,11 @@ def run_ours(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
         [f"seed={seed}"],
         before_shutdown=lambda p: (
             p.actor_train.call_rank0("get_weights"),
-            p.actor_infer.call("batch_sizes")[0],
+            p.actor_infer.call("batch_stats")[0],
         ),
     )
-    weights, batch_sizes = run["kept"]
+    weights, stats = run["kept"]
+    batch_sizes = [b["sequences"] for b in stats]
     tokenizer = load_tokenizer(cfg.actor_infer.model_args)
     model = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=torch.float32)
     model.load_state_dict(weights)
@@ -210,6 +211,7 @@ def run_ours(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
     accuracy = greedy_accuracy(
         model, tokenizer, math_rows(resolved), cfg.data, cfg.validation.generating_args.max_new_tokens
     )
+    training = stats[:training_batches]
     end, history = run["summary"]["end"], run["history"]
     return {
         "step_s": statistics.median(run["step_s"]),
@@ -222,6 +224,10 @@ def run_ours(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
             "sequences_per_step": trained / steps,
         },
         "accuracy": accuracy,
+        # the work of generation, as TRL's is counted: every token generated (dropped groups' too) and the
+        # decode loop's forward passes, per RL step
+        "generated_tokens": sum(b["tokens"] for b in training) / steps,
+        "decode_steps": sum(b["decode_steps"] for b in training) / steps,
         "pipeline_val": end["val_correct/all/mean"] if end else float("nan"),
         "reward_first": history[1].get("reward/math/score", float("nan")),
         "reward_last": history[steps].get("reward/math/score", float("nan")),
@@ -318,14 +324,21 @@ def run_trl(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
     for quiet in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(quiet)
     generate_s: list[float] = []
+    tokens: list[int] = []
+    decode_steps: list[int] = []
     inner = trainer._generate_and_score_completions
 
     def timed(*a: Any, **kw: Any):
         t = time.perf_counter()
         try:
-            return inner(*a, **kw)
+            out = inner(*a, **kw)
         finally:
             generate_s.append(time.perf_counter() - t)
+        # one call per RL step: one `generate` over the whole generation batch, padded to its longest completion
+        # (the eos token counted, as ours counts it)
+        tokens.append(int(out["completion_mask"].sum()))
+        decode_steps.append(int(out["completion_ids"].shape[1]))
+        return out
 
     trainer._generate_and_score_completions = timed
     trainer.train()
@@ -339,6 +352,8 @@ def run_trl(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
     return {
         "step_s": statistics.median(step_s),
         "generate_s": statistics.median(generate_s[1:] or generate_s),
+        "generated_tokens": statistics.fmean(tokens),
+        "decode_steps": statistics.fmean(decode_steps),
         "accuracy": accuracy,
         "reward_first": rewards[0] if rewards else float("nan"),
         "reward_last": rewards[-1] if rewards else float("nan"),
@@ -422,7 +437,23 @@ def measure(repeats: int = 3, steps: int = 30, quick: bool = False, log=print) -
                         x["pipeline_val"] for x in ours
                     ),
                 },
-            )
+            ),
+            Measure(
+                "generated tokens per RL step (the work each side did)",
+                "tokens",
+                {
+                    "roll-pipeline": tuple(x["generated_tokens"] for x in ours),
+                    f"TRL {trl.__version__}": tuple(x["generated_tokens"] for x in peer),
+                },
+            ),
+            Measure(
+                "decode steps per RL step (forward passes of generation)",
+                "steps",
+                {
+                    "roll-pipeline": tuple(x["decode_steps"] for x in ours),
+                    f"TRL {trl.__version__}": tuple(x["decode_steps"] for x in peer),
+                },
+            ),
         ],
     )
     section.details.append(where_time_goes(ours, peer))

@@ -1,6 +1,6 @@
 """`make bench`: every comparison of issue 11 in one run; prints a table and writes BENCHMARKS.md.
 
-    python -m benchmarks.run_all [--repeats 3] [--only 1 2 3 4 5] [--quick] [--out BENCHMARKS.md]
+    python -m benchmarks.run_all [--repeats 5] [--only 1 2 3 4 5] [--quick] [--out BENCHMARKS.md]
 
 1. end to end against TRL's GRPOTrainer (benchmarks/bench_trl.py); 2. actor_infer against bare `generate`
 (bench_generate.py); 3. actor_train against a bare torch loop (bench_train.py); 4. math_rule and code_sandbox
@@ -89,11 +89,11 @@ def slower_lines(sections: list[Section]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions of every comparison")
+    parser.add_argument("--repeats", type=int, default=5, help="repetitions of every comparison")
     parser.add_argument("--only", type=int, nargs="+", choices=sorted(ITEMS), default=sorted(ITEMS))
     parser.add_argument("--steps", type=int, default=30, help="RL steps of each run against TRL (item 1)")
     parser.add_argument("--scaling-steps", type=int, default=10, help="steps of each scaling point (item 5)")
-    parser.add_argument("--calls", type=int, default=3, help="timed calls per figure (items 2 and 3)")
+    parser.add_argument("--calls", type=int, default=10, help="timed calls per figure (items 2 and 3)")
     parser.add_argument(
         "--quick", action="store_true", help="tiny settings: checks that it runs, measures nothing"
     )

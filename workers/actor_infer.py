@@ -50,6 +50,9 @@ class ActorInferWorker(Worker):
         self.with_log_probs = pipeline_config.needs_infer_log_probs
         self.weights_version = 0
         """0: the weights the worker started with; each update_weights names the version it brings."""
+        self.stats: list[dict[str, int]] = []
+        """Per batch run, in order: sequences, tokens generated (up to each row's end) and decode steps (the
+        strategy's forward passes, where it counts them)."""
 
     def generate_request(
         self,
@@ -94,6 +97,11 @@ class ActorInferWorker(Worker):
         """Sequences in each batch run so far (to see how requests were joined)."""
         return list(self.batcher.sizes)
 
+    def batch_stats(self) -> list[dict[str, int]]:
+        """Per batch run so far: ``{"sequences", "tokens", "decode_steps"}`` (decode steps -1 where the strategy
+        does not count them)."""
+        return list(self.stats)
+
     def offload(self) -> None:
         """Free accelerator memory between rollouts (vLLM's sleep mode, or the hf weights to CPU memory); the next
         request wakes the engine."""
@@ -131,6 +139,13 @@ class ActorInferWorker(Worker):
             is_aborted=lambda p: is_aborted(owner[p]),
             seed=seed,
             with_log_probs=self.with_log_probs,
+        )
+        self.stats.append(
+            {
+                "sequences": int(out["response_ids"].shape[0]),
+                "tokens": int(out["response_mask"].sum()),
+                "decode_steps": int(out.get("decode_steps", -1)),
+            }
         )
         results, row = [], 0
         for request in requests:

@@ -137,6 +137,9 @@ class HFInferStrategy:
         )
         responses, response_mask, finish = truncate_at_eos(responses, self.eos_ids, self.pad_id)
         result = {"response_ids": responses, "response_mask": response_mask, "finish_reason": finish}
+        # Forward passes of the decode loop, over the calls (each runs to its longest row): the work done, as
+        # benchmarks compare it with another trainer's.
+        result["decode_steps"] = sum(o.shape[1] for o in outs)
         if with_log_probs:
             padded = [torch.nn.functional.pad(lp, (0, width - lp.shape[1])) for lp in log_probs]
             result["infer_log_probs"] = torch.cat(padded) * response_mask
