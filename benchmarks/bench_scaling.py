@@ -50,8 +50,8 @@ def batch_configs(tmp: Path, quick: bool) -> dict[str, tuple[Path, list[str]]]:
             [
                 f"rollout_batch_size={b}",
                 f"num_return_sequences_in_group={group}",
-                # half the smallest batch: every point takes at least two optimizer steps, so every point runs
-                # actor_train's log-prob pass (a batch of one optimizer step skips it; README "log_probs")
+                # half the smallest batch: every point takes at least two optimizer steps, so every point has
+                # actor_train compute the later mini-batches' old log-probs itself (README "log_probs")
                 f"actor_train.training_args.per_device_train_batch_size={sizes[0] * group // 2}",
                 "data.val_files=[]",
             ],
@@ -192,7 +192,7 @@ def measure(repeats: int = 3, steps: int = 10, quick: bool = False, log=print) -
             f"Step time of our pipeline, {steps} steps per point, median over the steps after the first; see "
             "benchmarks/bench_scaling.py for the configs. Batch size: bench_trl's config (math, GRPO, no KL) as "
             "rollout_batch_size doubles, per_device_train_batch_size fixed at half the smallest batch's samples (so "
-            "every point takes two or more optimizer steps and runs the log-prob pass). "
+            "every point takes two or more optimizer steps, the later ones' old log-probs computed by actor_train). "
             "Domains: examples/multi_domain_local_judge.yaml with 1, 2 and 3 domains (the open domain's judge "
             "in a Ray actor), group filters off. The ratio is each point's step time over the first point's in "
             "the same repetition; with perfect linear scaling in the batch it would equal the batch ratio. For the "

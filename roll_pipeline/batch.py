@@ -22,6 +22,7 @@ TENSOR_KEYS: dict[str, str] = {
     "sample_mask": "(B,) float, 0 where the reward could not be computed (the sample leaves the loss)",
     "token_level_rewards": "(B, R) float, the score placed at the last response token (minus any KL penalty)",
     "old_log_probs": "(B, R) float, log-probs of the response under the policy that generated it",
+    "own_old_log_probs": "(B,) float, 1 where actor_train takes the update's own forward as the old log-probs",
     "ref_log_probs": "(B, R) float, log-probs of the response under the frozen reference policy",
     "infer_log_probs": "(B, R) float, log-probs of the response under the distribution actor_infer sampled it from",
     "infer_is_weights": "(B, R) float, truncated importance weights old / infer on the policy-gradient terms",

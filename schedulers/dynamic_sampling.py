@@ -1,9 +1,10 @@
 """DynamicSamplingScheduler: one Ray actor per domain that fills the domain's share of each step.
 
 It owns the domain's rows and walks them in a seeded shuffled order. For a step it keeps up to
-`dynamic_sampling.max_running_requests` prompts in flight: each prompt goes to actor_infer as one request for its
-whole group, and as soon as that group is generated it goes to the domain's reward worker while other prompts
-are still generating. A scored group passes the response filters (which mask single responses) and the group
+`dynamic_sampling.max_running_requests` prompts in flight: the prompts drawn together go to actor_infer as one
+request per prompt (continuous batching, deterministic runs) or as requests of a batch's worth of prompts
+(`request_mode`), and as soon as a request is generated its groups go to the domain's reward worker while other
+prompts are still generating. A scored group passes the response filters (which mask single responses) and the group
 filters (which drop the group; another prompt takes its slot). When `share` groups have passed, the requests
 still in flight are aborted and the batch is returned, groups in the order their prompts were drawn.
 
@@ -160,6 +161,13 @@ class DynamicSamplingScheduler:
             )
         self.reward_workers = dict(reward_workers)
         self._next_infer = itertools.cycle(range(len(infer_workers)))
+        mode = cfg.dynamic_sampling.request_mode
+        self.wave_requests = mode == "wave" or (
+            mode == "auto" and cfg.actor_infer.strategy_args.strategy_name != "vllm"
+        )
+        """Send a wave of draws as requests of several prompts (engines that batch statically) or one request per
+        prompt (continuous batching)."""
+        self.infer_batch_size = cfg.actor_infer.infer_batch_size
         self._next_reward = {name: itertools.cycle(range(len(w))) for name, w in self.reward_workers.items()}
         self.seed, self.deterministic = cfg.seed, cfg.deterministic
         self.weights_version, self.weights_ref = 0, None
@@ -187,16 +195,22 @@ class DynamicSamplingScheduler:
         kept: list[Group] = []
         dropped: list[Group] = []
         # A prompt holds a generation slot only while actor_infer works on it; scoring runs beside new requests.
-        generating: dict[asyncio.Task, tuple[str, int, int, int, float]] = {}
+        # Each request: (request id, actor_infer rank, its draws as (row index, draw order), start time).
+        generating: dict[asyncio.Task, tuple[str, int, list[tuple[int, int]], float]] = {}
         scoring: dict[asyncio.Task, None] = {}
         drawn = peak = 0
 
-        def want_more() -> bool:
+        def in_flight() -> int:
+            return sum(len(draws) for _, _, draws, _ in generating.values())
+
+        def want_more(wave: int) -> bool:
             if self.deterministic and (generating or scoring):
                 return False  # the next round starts when this one is resolved, whatever the timing
-            expected = len(kept) + self.pass_rate * (len(generating) + len(scoring))
+            expected = len(kept) + self.pass_rate * (in_flight() + wave + len(scoring))
             return (
-                len(generating) < self.sampling.max_running_requests and drawn < bound and expected < num_prompts
+                in_flight() + wave < self.sampling.max_running_requests
+                and drawn < bound
+                and expected < num_prompts
             )
 
         def unresolved() -> bool:
@@ -204,27 +218,32 @@ class DynamicSamplingScheduler:
 
         try:
             while unresolved():
-                while want_more():
+                wave: list[tuple[int, int]] = []
+                while want_more(len(wave)):
                     (index,) = self.sampler.take(1)
-                    worker = next(self._next_infer)
-                    request_id = f"{self.domain}/{call}/{drawn}"
-                    seed = request_seed(self.seed, self.domain, call, drawn) if self.deterministic else None
-                    request = self._generate(worker, request_id, [self.prompt_ids[index]], args, group_size, seed)
-                    generating[asyncio.ensure_future(request)] = (
-                        request_id, worker, index, drawn, time.perf_counter()
-                    )
+                    wave.append((index, drawn))
                     drawn += 1
-                peak = max(peak, len(generating))
+                for draws in self._requests_of(wave, group_size):
+                    worker = next(self._next_infer)
+                    first = draws[0][1]
+                    request_id = f"{self.domain}/{call}/{first}"
+                    seed = request_seed(self.seed, self.domain, call, first) if self.deterministic else None
+                    prompts = [self.prompt_ids[index] for index, _ in draws]
+                    request = self._generate(worker, request_id, prompts, args, group_size, seed)
+                    generating[asyncio.ensure_future(request)] = (request_id, worker, draws, time.perf_counter())
+                peak = max(peak, in_flight())
                 if not generating and not scoring:
                     break  # the bound is reached and every drawn prompt is resolved
                 done, _ = await asyncio.wait([*generating, *scoring], return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task in generating:
-                        request_id, _, index, order, t0 = generating.pop(task)
+                        request_id, _, draws, t0 = generating.pop(task)
                         output = task.result()
                         if output is None:
                             raise RuntimeError(f"generation request {request_id} was aborted by someone else")
-                        scoring[asyncio.ensure_future(self._scored_group(index, order, output, t0))] = None
+                        for k, (index, order) in enumerate(draws):
+                            part = prompt_rows(output, k, group_size)
+                            scoring[asyncio.ensure_future(self._scored_group(index, order, part, t0))] = None
                     else:
                         scoring.pop(task)
                         group = task.result()
@@ -272,6 +291,16 @@ class DynamicSamplingScheduler:
             + [self._group_batch(g, group_size, masked=True) for g in filler]
         )
         return batch, metrics
+
+    def _requests_of(self, wave: list[tuple[int, int]], group_size: int) -> list[list[tuple[int, int]]]:
+        """How a wave of draws goes to actor_infer: one request per prompt where the engine batches continuously
+        (vLLM) or the run is deterministic (each seeded request is its own batch); else requests of as many
+        prompts as fill one of actor_infer's batches, so the worker starts at once, without waiting out its
+        gather window for the rest of the wave (request_mode, README "Dynamic sampling")."""
+        if not self.wave_requests or self.deterministic:
+            return [[draw] for draw in wave]
+        per_request = max(1, self.infer_batch_size // group_size)
+        return [wave[i : i + per_request] for i in range(0, len(wave), per_request)]
 
     async def _scored_group(self, index: int, order: int, output: dict[str, Any], t0: float) -> Group:
         t1 = time.perf_counter()
@@ -365,7 +394,7 @@ class DynamicSamplingScheduler:
             task.cancel()
         await asyncio.gather(*(self.infer_workers[w].abort.remote(ids) for w, ids in by_worker.items()))
         await asyncio.gather(*generating, *scoring, return_exceptions=True)
-        return len(generating) + len(scoring)
+        return sum(len(draws) for _, _, draws, _ in generating.values()) + len(scoring)
 
     # ------------------------------------------------------------------------------------------- validation
 
@@ -522,6 +551,12 @@ class DynamicSamplingScheduler:
         self.pass_rate = state["pass_rate"]
         self._calls_made = state["calls"]
         self.bound_hits = state["bound_hits"]
+
+
+def prompt_rows(output: dict[str, Any], k: int, group_size: int) -> dict[str, Any]:
+    """The `k`-th prompt's rows of a request's output (rows come grouped by prompt, `group_size` each)."""
+    rows = slice(k * group_size, (k + 1) * group_size)
+    return {key: value[rows] for key, value in output.items()}
 
 
 def start_scheduler(domain: str, **kwargs: Any):

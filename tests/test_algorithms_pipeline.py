@@ -238,14 +238,15 @@ def test_critic_warmup_trains_only_the_critic_for_its_steps(monkeypatch):
     [
         ((), True),  # the example: 16 prompts x 8 = 128 samples, one mini-batch of 64 x 2
         (("ppo_epochs=2",), False),
-        (("actor_train.training_args.gradient_accumulation_steps=1",), False),  # two optimizer steps
+        # two optimizer steps in one pass: actor_train computes the second mini-batch's itself before the first
+        (("actor_train.training_args.gradient_accumulation_steps=1",), True),
         (("add_token_level_kl=true",), False),  # the KL reward penalty reads them before the update
         (("infer_is_cap=2.0",), False),  # compared with actor_infer's log-probs before the update
         (("async_generation_ratio=1",), False),
         (("use_kl_loss=true",), True),  # the reference's log-probs, not the old ones
     ],
 )
-def test_old_log_probs_come_from_the_update_only_when_it_is_one_optimizer_step(overrides, expected):
+def test_old_log_probs_come_from_the_update_when_nothing_reads_them_before_it(overrides, expected):
     assert config(*overrides).config.update_gives_old_log_probs is expected
 
 

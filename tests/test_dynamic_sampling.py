@@ -96,9 +96,12 @@ class SleepyScorer(RewardScorer):
 
 
 def config(overrides=(), group_filters="{}", response_filters="{}"):
+    """math_code.yaml with one request per prompt (the scheduling logic most tests follow request by request;
+    later overrides win, so a test can ask for waves)."""
     return load_config(
         EXAMPLES / "math_code.yaml",
         [
+            "dynamic_sampling.request_mode=prompt",
             f"num_return_sequences_in_group={N}",
             "actor_train.training_args.gradient_accumulation_steps=1",
             f"rewards.math.group_filters={group_filters}",
@@ -210,6 +213,55 @@ def test_no_filters_means_exactly_the_share_is_drawn(local_ray):
     assert len(batch) == 6 * N
     assert m["scheduler/math/prompts_drawn"] == 6 and m["scheduler/math/groups_dropped"] == 0
     assert m["scheduler/math/redraws"] == 0
+
+
+@pytest.mark.slow
+def test_a_wave_goes_out_as_requests_of_one_batch_each(local_ray):
+    """request_mode wave: the 6 prompts drawn together go as 3 requests of 2 prompts (infer_batch_size 8 = 2
+    groups of 4), and each request's rows are split back to their own prompts (each group's scores follow its
+    own row's pattern, in draw order)."""
+    patterns = ["same1", "half", "same0", "low", "half", "same0"] * 3
+    cfg = config(
+        [
+            "dynamic_sampling.request_mode=wave",
+            "dynamic_sampling.max_running_requests=6",
+            "actor_infer.infer_batch_size=8",
+        ]
+    )
+    infer = scripted()
+    actor, _ = scheduler(cfg, rows_of(patterns), infer)
+    batch, m = ray.get(actor.get_batch.remote(6, N, ARGS))
+    requests, aborted = ray.get(infer[0].log.remote())
+    assert sorted(requests) == ["math/0/0", "math/0/2", "math/0/4"] and aborted == []
+    assert m["scheduler/math/prompts_drawn"] == 6 and m["scheduler/math/peak_in_flight"] == 6
+    order = draw_order(cfg, len(patterns), 6)
+    assert batch.meta["id"][::N] == [f"r{i}" for i in order]
+    assert batch["scores"].tolist() == [float(a == "1") for i in order for a in PATTERNS[patterns[i]]]
+
+
+@pytest.mark.slow
+def test_waves_with_filters_redraw_until_the_share_is_full(local_ray):
+    """Waves and the group filters: dropped groups are redrawn in later waves, every drawn prompt ends kept,
+    dropped, aborted or surplus, and the batch holds only passing groups, each with its own row's scores."""
+    patterns = ["same1", "half", "same0"] * 8
+    cfg = config(
+        ["dynamic_sampling.request_mode=wave", "dynamic_sampling.max_running_requests=6",
+         "actor_infer.infer_batch_size=8"],
+        group_filters="{std_filter: {}}",
+    )
+    infer = scripted(delay_s=0.01)
+    actor, _ = scheduler(cfg, rows_of(patterns), infer)
+    batch, m = ray.get(actor.get_batch.remote(3, N, ARGS))
+    drawn = m["scheduler/math/prompts_drawn"]
+    assert m["scheduler/math/groups_kept"] == 3 and m["scheduler/math/bound_hit"] == 0
+    assert drawn == (
+        3 + m["scheduler/math/groups_dropped"] + m["scheduler/math/aborted"] + m["scheduler/math/surplus"]
+    )
+    assert drawn > 3  # two thirds of the rows fail the filter: the first wave cannot fill the share
+    ids = [int(i[1:]) for i in batch.meta["id"][::N]]
+    assert all(patterns[i] == "half" for i in ids)
+    assert batch["scores"].tolist() == [1.0, 0.0, 1.0, 0.0] * 3
+    assert batch["sample_mask"].sum() == 3 * N
 
 
 @pytest.mark.slow

@@ -42,9 +42,9 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         "max_steps=1",
         f"output_dir={tmp_path / 'run'}",
         f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
-        # two optimizer steps per batch, so that actor_train's own log-prob pass runs (update_gives_old_log_probs
+        # two passes over the batch, so that actor_train's separate log-prob pass runs (update_gives_old_log_probs
         # is off) and its old log-probs can be held against the reference's
-        "actor_train.training_args.gradient_accumulation_steps=1",
+        "ppo_epochs=2",
         "use_kl_loss=true",
         "kl_loss_coef=0.01",
         "adv_estimator=gae",

@@ -96,13 +96,23 @@ class ActorTrainWorker(TrainedWorker):
         batch.require(*needs, where="actor_train.train_step")
         minibatch_size = self.section.training_args.minibatch_size
         if own_old and "old_log_probs" not in batch and len(batch) > minibatch_size:
-            raise ValueError(
-                f"actor_train.train_step: {len(batch)} samples without old_log_probs, more than one mini-batch "
-                f"({minibatch_size}): only a batch trained in one optimizer step may take its own log-probs as old"
-            )
+            batch = self.with_old_log_probs_after_the_first_minibatch(batch, minibatch_size)
         metrics = self.train_loop(batch)
         release_free_memory(RELEASE_INTERVAL_S)  # the step's activations and gradients are freed by now
         return metrics
+
+    def with_old_log_probs_after_the_first_minibatch(self, batch: Batch, minibatch_size: int) -> Batch:
+        """One pass over the batch (ppo_epochs 1) in several mini-batches, nothing before the update reading the
+        old log-probs (cfg.update_gives_old_log_probs): before the first optimizer step, the policy's log-probs of
+        the samples after the first mini-batch, without gradient, as the driver's separate pass would give them;
+        the first mini-batch's rows are marked (`own_old_log_probs`) to take their own forward's, detached, when
+        the update runs it. That saves the first mini-batch's forward and a round trip of the batch."""
+        rest = batch.select(torch.arange(minibatch_size, len(batch)))
+        rest_old = self.compute_log_probs(rest)
+        first = torch.zeros(minibatch_size, *rest_old.shape[1:], dtype=rest_old.dtype)
+        own = torch.zeros(len(batch))
+        own[:minibatch_size] = 1.0
+        return batch.update({"old_log_probs": torch.cat([first, rest_old]), "own_old_log_probs": own})
 
     def objective(self, micro: Batch, norm: float, token_norm: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logits = response_logits(self.strategy.engine, micro)
@@ -115,6 +125,9 @@ class ActorTrainWorker(TrainedWorker):
         )
         if "old_log_probs" not in micro:  # one optimizer step: the policy now is the old one
             micro = micro.update({"old_log_probs": log_probs.detach()})
+        elif "own_old_log_probs" in micro:  # the first mini-batch's rows: the policy now is the old one
+            own = micro["own_old_log_probs"].bool().unsqueeze(-1)
+            micro = micro.update({"old_log_probs": torch.where(own, log_probs.detach(), micro["old_log_probs"])})
         return policy_objective(log_probs, entropy, micro, self.cfg, norm, token_norm)
 
     def per_minibatch(self) -> dict[str, float]:

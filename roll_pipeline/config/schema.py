@@ -437,6 +437,12 @@ class DynamicSamplingConfig:
     prompts at once."""
     max_prompts_factor: float = 4.0
     """The redraw bound: a domain draws at most ceil(max_prompts_factor * share) prompts in a step."""
+    request_mode: Literal["auto", "wave", "prompt"] = "auto"
+    """How drawn prompts go to actor_infer. `prompt`: one request per prompt (its whole group), which an engine
+    with continuous batching (vLLM) schedules as it goes. `wave`: the prompts drawn together go as requests of as
+    many prompts as fill one actor_infer batch (infer_batch_size sequences), so a statically batching engine (hf
+    generate) starts at once with the whole wave instead of gathering single requests. `auto`: `prompt` for
+    vLLM, `wave` otherwise. Deterministic runs always send one seeded request per prompt."""
     on_bound: Literal["train_on_passed", "error"] = "train_on_passed"
     """At the bound with too few groups passed: `train_on_passed` fills the empty slots with dropped groups whose
     samples are masked out of the loss, logs a warning and scheduler/<domain>/bound_hit = 1; `error` stops the
@@ -801,17 +807,13 @@ class PipelineConfig:
 
     @property
     def update_gives_old_log_probs(self) -> bool:
-        """Each step's batch is trained in exactly one optimizer step (ppo_epochs 1, and the whole rollout is one
-        mini-batch across actor_train's ranks), and nothing before the update reads old_log_probs (no KL reward
-        penalty, no actor_infer log-probs to compare them with). Then the policy before the update is the one
-        whose forward the update runs, so actor_train takes that forward's log-probs, detached, as the old ones
-        (the ratio is exactly 1) and the separate log-prob pass over the batch is skipped."""
-        return (
-            self.ppo_epochs == 1
-            and self.samples_per_step <= self.actor_train.samples_per_update
-            and not self.add_token_level_kl
-            and not self.needs_infer_log_probs
-        )
+        """Each step's batch is trained in one pass (ppo_epochs 1), and nothing before the update reads
+        old_log_probs (no KL reward penalty, no actor_infer log-probs to compare them with). Then the driver's
+        separate log-prob pass is skipped: the first mini-batch's update runs the forward of the policy before the
+        update, so actor_train takes that forward's log-probs, detached, as the old ones (the ratio is exactly 1),
+        and, where the batch has further mini-batches, actor_train computes their old log-probs itself before its
+        first optimizer step (workers/actor_train.py)."""
+        return self.ppo_epochs == 1 and not self.add_token_level_kl and not self.needs_infer_log_probs
 
     @property
     def needs_reference(self) -> bool:
