@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -26,6 +27,49 @@ def truncate_at_eos(responses: torch.Tensor, eos_ids: list[int], pad_id: int) ->
     cleaned = torch.where(seen_before, torch.full_like(responses, pad_id), responses)
     finish = ["stop" if bool(row.any()) else "length" for row in is_eos]
     return cleaned, mask, finish
+
+
+@torch.no_grad()
+def generate_sharing_prefill(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    generation_config: GenerationConfig,
+    **kwargs,
+):
+    """`model.generate` with `generation_config.num_return_sequences` = n samples per (left-padded) prompt, each
+    prompt prefilled once instead of n times: one forward over the prompts but their last token fills the KV
+    cache, the cache is repeated n times per prompt, and generation goes on from the prompts' last token for the
+    n copies, as generate itself would after its own prefill. Same rows in the same order, from the same
+    distribution; with the same seed the same tokens (generate draws no random numbers in its prefill; checked in
+    tests/test_sampling.py). Falls back to plain generate for n = 1, one-token prompts, or a cache that cannot be
+    repeated."""
+    n = generation_config.num_return_sequences or 1
+    if n == 1 or input_ids.shape[1] < 2:
+        return model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
+        )
+    head = attention_mask[:, :-1]
+    # the positions generate gives left-padded prompts: counted over real tokens, pads at 1
+    positions = head.long().cumsum(-1) - 1
+    positions.masked_fill_(head == 0, 1)
+    cache = model(
+        input_ids=input_ids[:, :-1], attention_mask=head, position_ids=positions, use_cache=True
+    ).past_key_values
+    if not hasattr(cache, "batch_repeat_interleave"):
+        return model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config, **kwargs
+        )
+    cache.batch_repeat_interleave(n)
+    single = copy.deepcopy(generation_config)
+    single.num_return_sequences = 1
+    return model.generate(
+        input_ids=input_ids.repeat_interleave(n, dim=0),
+        attention_mask=attention_mask.repeat_interleave(n, dim=0),
+        past_key_values=cache,
+        generation_config=single,
+        **kwargs,
+    )
 
 
 def sampled_log_probs(scores: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:
@@ -119,10 +163,11 @@ class HFInferStrategy:
             stopping = None
             if is_aborted is not None:
                 stopping = StoppingCriteriaList([_AbortedRows(is_aborted, start, num_return_sequences)])
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                generation_config=gen_cfg,
+            out = generate_sharing_prefill(
+                self.model,
+                ids,
+                mask,
+                gen_cfg,
                 stopping_criteria=stopping,
                 return_dict_in_generate=True,
                 output_scores=with_log_probs,
