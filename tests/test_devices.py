@@ -100,7 +100,8 @@ def test_hf_inference_generates_on_its_device_and_returns_cpu_tensors(tiny_model
     assert strategy.device == torch.device("cpu") and next(strategy.model.parameters()).device.type == "cpu"
     seen: list[torch.device] = []
 
-    def generate(input_ids, attention_mask, generation_config, **kwargs):
+    def generate(model, input_ids, attention_mask, generation_config, **kwargs):
+        assert model is strategy.model
         seen.extend([input_ids.device, attention_mask.device])
         rows = input_ids.shape[0] * generation_config.num_return_sequences
 
@@ -109,7 +110,8 @@ def test_hf_inference_generates_on_its_device_and_returns_cpu_tensors(tiny_model
 
         return Out()
 
-    monkeypatch.setattr(strategy.model, "generate", generate)
+    # what the strategy calls to generate (generate_sharing_prefill: a prefill forward, then model.generate)
+    monkeypatch.setattr("workers.strategies.hf_infer.generate_sharing_prefill", generate)
     monkeypatch.setattr(strategy, "device", META)
     out = strategy.generate(torch.ones(3, 4, dtype=torch.long), torch.ones(3, 4), GeneratingArgs(), 2)
     assert seen and set(seen) == {META}

@@ -187,6 +187,11 @@ class _StepTap:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """A forward (the shared prefill's) goes to the model itself: Python looks `__call__` up on the type,
+        past `__getattr__`."""
+        return self._model(*args, **kwargs)
+
     def begin(self, on_step: Callable[[int, list[int]], None]) -> None:
         self._on_step, self._next_row = on_step, 0
 
