@@ -12,12 +12,15 @@ Five workloads, each at every concurrency (that many threads calling the scorer,
   checker's, 5 calls relayed);
 * check-5: the same, as a HumanEval-style ``check(candidate)`` that loops over 5 cases (one test).
 
-Columns: ``pooled``, the scorer as configured (pre-started sandboxes); ``cold``, the same sandbox started at request
-time (the pool's job done on the critical path, for comparison); ``bare``, the same programs as plain subprocesses
-of the same interpreter (``-I -S``), without isolation, harness or judging. Figures are samples scored per second
-(one sample = one program against all its tests). The machine's other load shows up in these numbers: it waits
-(``--quiet-wait``) for the load average to fall under half the cores and says whether it did, prints the load
-beside each row (the benchmark's own sandboxes count in it), and only figures taken in one run compare.
+Columns: ``zygote``, the scorer as configured by default (reused sandboxes whose zygote forks a child per run);
+``strict``, the scorer with ``isolation: strict`` (a pre-started sandbox of its own per run); ``bare``, the same
+programs as plain subprocesses of the same interpreter (``-I -S``), without isolation, harness or judging; then
+CPU milliseconds per sample (this process and its reaped children: each scorer's sandboxes are started inside the
+measured window and closed at its end, so their starts and runs count). Figures are samples scored per second
+(one sample = one program against all its tests), each measured in ``--rounds`` turns with the three sides
+alternating. The machine's other load shows up in these numbers: it waits (``--quiet-wait``) for the load average
+to fall under half the cores and says whether it did, prints the load beside each row (the benchmark's own
+sandboxes count in it), and only figures taken in one run compare.
 """
 
 from __future__ import annotations
@@ -94,10 +97,11 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def rate_and_cpu(work, concurrency: int, seconds: float) -> tuple[float, float]:
+def rate_and_cpu(work, concurrency: int, seconds: float, finish=None) -> tuple[float, float]:
     """(calls of ``work()`` per second from ``concurrency`` threads over about ``seconds``, CPU milliseconds per
-    call of this process and its ended children). Sandboxes a pool starts ahead and has not handed out yet are
-    not counted: they are as many at the end as at the start."""
+    call of this process and its ended children). ``finish`` (off the rate's clock, on the CPU's) ends what the
+    calls left running: a scorer's close, which kills and reaps its sandboxes, so that the CPU of every program
+    they ran (reused zygote sandboxes reap their runs themselves) and of their starts is counted."""
     cpu0 = cpu_seconds()
     done = [0] * concurrency
     stop = time.monotonic() + seconds
@@ -113,8 +117,18 @@ def rate_and_cpu(work, concurrency: int, seconds: float) -> tuple[float, float]:
         t.start()
     for t in threads:
         t.join()
+    elapsed = time.monotonic() - start
+    if finish is not None:
+        finish()
     calls = sum(done)
-    return calls / (time.monotonic() - start), 1000 * (cpu_seconds() - cpu0) / max(calls, 1)
+    return calls / elapsed, 1000 * (cpu_seconds() - cpu0) / max(calls, 1)
+
+
+def scorer_rate_and_cpu(scorer: CodeSandboxScorer, name: str, concurrency: int, seconds: float):
+    """``rate_and_cpu`` of the scorer on workload ``name``: its sandboxes are started within the window (the first
+    call starts the pool) and closed at its end, so every start and every run is counted."""
+    scorer.close()
+    return rate_and_cpu(scorer_runner(scorer, name), concurrency, seconds, finish=scorer.close)
 
 
 def bare_runner(python: str, name: str):
@@ -232,6 +246,21 @@ def cost_split(name: str, samples: int, isolated: bool = True) -> dict[str, floa
     }
 
 
+def zygote_cost(name: str, samples: int) -> dict[str, float]:
+    """Milliseconds per sample, wall and CPU, of the scorer as configured by default (reused zygote sandboxes, so
+    no start on a run's path), `samples` one after the other; the pool's starts and close are counted in both."""
+    scorer = CodeSandboxScorer(concurrency=1)
+    work = scorer_runner(scorer, name)
+    work()  # warm-up: imports, the first parse
+    scorer.close()
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    for _ in range(samples):
+        work()
+    scorer.close()
+    ms = 1000 / samples
+    return {"total": (time.perf_counter() - t0) * ms, "cpu": (cpu_seconds() - cpu0) * ms}
+
+
 def bare_cost(python: str, name: str, samples: int) -> dict[str, float]:
     """Milliseconds per sample of `bare_runner`, wall and CPU (this process and its children)."""
     work = bare_runner(python, name)
@@ -261,28 +290,53 @@ def main(argv: list[str] | None = None) -> int:
         "--pool-size", type=int, default=None, help="sandboxes started ahead (default 2x conc)"
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="each figure is measured in this many turns, the sides alternating",
+    )
+    parser.add_argument(
         "--quiet-wait", type=float, default=60.0, help="seconds to wait for a quiet machine before measuring"
     )
     args = parser.parse_args(argv)
     print(
-        f"cpus: {os.cpu_count()}  seconds per figure: {args.seconds}  pool size: {args.pool_size or '2x conc'}"
-        f"  {wait_for_quiet(args.quiet_wait)}"
+        f"cpus: {os.cpu_count()}  seconds per figure: {args.seconds} in {args.rounds} turns"
+        f"  pool size: {args.pool_size or '2x conc'}  {wait_for_quiet(args.quiet_wait)}"
     )
     print(
-        f"{'workload':<9} {'conc':>4} {'pooled/s':>9} {'cold/s':>8} {'bare/s':>8}  pooled/bare  load(1 min)"
+        f"{'workload':<9} {'conc':>4} {'zygote/s':>9} {'strict/s':>9} {'bare/s':>8}  zygote/bare  strict/bare"
+        "  zygote CPU ms  bare CPU ms  load(1 min)"
     )
     for name in WORKLOADS:
         for concurrency in args.concurrency:
-            scorer = CodeSandboxScorer(concurrency=concurrency, pool_size=args.pool_size)
+            sides = {
+                "zygote": CodeSandboxScorer(concurrency=concurrency, pool_size=args.pool_size),
+                "strict": CodeSandboxScorer(
+                    concurrency=concurrency, pool_size=args.pool_size, isolation="strict"
+                ),
+            }
+            totals = {side: [0.0, 0.0] for side in (*sides, "bare")}
+            turn = args.seconds / args.rounds
             try:
-                pooled = rate(scorer_runner(scorer, name), concurrency, args.seconds)
-                cold = rate(scorer_runner(ColdScorer(), name), concurrency, args.seconds)
-                bare = rate(bare_runner(scorer.spec.python, name), concurrency, args.seconds)
+                for r in range(args.rounds):
+                    order = list(totals) if r % 2 == 0 else list(reversed(totals))
+                    for side in order:
+                        if side == "bare":
+                            figure = rate_and_cpu(
+                                bare_runner(sides["zygote"].spec.python, name), concurrency, turn
+                            )
+                        else:
+                            figure = scorer_rate_and_cpu(sides[side], name, concurrency, turn)
+                        totals[side][0] += figure[0] / args.rounds
+                        totals[side][1] += figure[1] / args.rounds
             finally:
-                scorer.close()
+                for scorer in sides.values():
+                    scorer.close()
+            zygote, strict, bare = (totals[k] for k in ("zygote", "strict", "bare"))
             print(
-                f"{name:<9} {concurrency:>4} {pooled:>9.1f} {cold:>8.1f} {bare:>8.1f}  {pooled / bare:>6.2f}"
-                f"  {os.getloadavg()[0]:>11.2f}"
+                f"{name:<9} {concurrency:>4} {zygote[0]:>9.1f} {strict[0]:>9.1f} {bare[0]:>8.1f}"
+                f"  {zygote[0] / bare[0]:>11.2f}  {strict[0] / bare[0]:>11.2f}  {zygote[1]:>13.1f}"
+                f"  {bare[1]:>11.1f}  {os.getloadavg()[0]:>11.2f}"
             )
     return 0
 

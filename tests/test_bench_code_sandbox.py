@@ -21,4 +21,5 @@ def test_benchmark_prints_every_workload(capsys):
     rows = [line.split() for line in out[2:]]
     assert [row[0] for row in rows] == list(WORKLOADS)
     for row in rows:
-        assert row[1] == "1" and all(float(x) > 0 for x in row[2:6]) and float(row[6]) >= 0
+        # conc, then zygote/s, strict/s, bare/s, the two ratios, the two CPU figures, the load
+        assert row[1] == "1" and all(float(x) > 0 for x in row[2:9]) and float(row[9]) >= 0

@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 _REWARD_MODES = ("fraction", "all_or_nothing")
 _BACKENDS = ("local", "remote")
+_ISOLATION = ("zygote", "strict")
 
 
 def _positive_int(name: str, value: object, minimum: int = 1) -> int:
@@ -91,6 +92,9 @@ class CodeSandboxScorer(RewardScorer):
     - ``backend`` (``local``): or ``remote`` (a SandboxFusion-compatible service at ``remote_url``).
     - ``concurrency`` (2): local runs at once in this scorer's process; ``pool_size`` (2 x concurrency):
       sandboxes kept started ahead (deeper is faster, at ~13 MiB per idle sandbox).
+    - ``isolation`` (``zygote``): each sandbox is reused, run after run, by a zygote that forks a child per run
+      and removes all a run leaves before the next (``sandbox/zygote.py``); ``strict``: a new sandbox (its own
+      namespaces) per run. Without bubblewrap or the system-call filter every run is ``strict``.
     - ``python``: interpreter inside the sandbox (default: this worker's own when the sandbox user can reach it,
       else ``/usr/bin/python3``); ``sandbox_user`` (``nobody``): whom to run as when the worker is root.
     - ``allow_missing_layers`` ([]): isolation layers (``sandbox/layers.py``) this host may lack; any other
@@ -119,6 +123,7 @@ class CodeSandboxScorer(RewardScorer):
         backend: str = "local",
         concurrency: int = 2,
         pool_size: int | None = None,
+        isolation: str = "zygote",
         python: str | None = None,
         sandbox_user: str = "nobody",
         allow_missing_layers: list[str] | tuple[str, ...] = (),
@@ -133,6 +138,8 @@ class CodeSandboxScorer(RewardScorer):
             raise ValueError(
                 f"code_sandbox option reward_mode must be one of {_REWARD_MODES}, got {reward_mode!r}"
             )
+        if isolation not in _ISOLATION:
+            raise ValueError(f"code_sandbox option isolation must be one of {_ISOLATION}, got {isolation!r}")
         if backend not in _BACKENDS:
             raise ValueError(f"code_sandbox option backend must be one of {_BACKENDS}, got {backend!r}")
         unknown = sorted(set(allow_missing_layers) - set(LAYERS))
@@ -156,6 +163,7 @@ class CodeSandboxScorer(RewardScorer):
         self.backend = backend
         self.concurrency = _positive_int("concurrency", concurrency)
         self.pool_size = None if pool_size is None else _positive_int("pool_size", pool_size)
+        self.isolation = isolation
         self.remote = None
         self.spec: SandboxSpec | None = None
         self.layers: LayerReport | None = None
@@ -199,7 +207,9 @@ class CodeSandboxScorer(RewardScorer):
                         backoff_s=self.remote["backoff_s"],
                     )
                 else:
-                    self._executor = SandboxPool(self.spec, self.concurrency, self.pool_size)
+                    self._executor = SandboxPool(
+                        self.spec, self.concurrency, self.pool_size, reuse=self.isolation == "zygote"
+                    )
             return self._executor
 
     def _run(self, job: dict, stdin: bytes = b"", timeout_s: float | None = None) -> RunOutput:

@@ -60,13 +60,20 @@ class MemoryCgroups:
 
     def oom_killed(self, path: str) -> bool:
         """Whether the kernel killed a process of ``path`` for going past its limit."""
+        return self.oom_kills(path) > 0
+
+    def oom_kills(self, path: str) -> int:
+        """How many processes of ``path`` the kernel has killed for going past its limit."""
         name = "memory.events" if self.version == 2 else "memory.oom_control"
         try:
             text = Path(path, name).read_text()
         except OSError:
-            return False
+            return 0
         counts = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
-        return counts.get("oom_kill", "0") != "0"
+        try:
+            return int(counts.get("oom_kill", "0"))
+        except ValueError:
+            return 0
 
 
 def add(path: str, pid: int) -> None:

@@ -89,13 +89,26 @@ class SandboxSpec:
     #: source at every start; ``None`` to pass the source.
     harness_bytecode: bytes | None = None
 
-    def interpreter(self, harness_source: str, channel_fd: int, code_fd: int | None = None) -> list[str]:
+    def interpreter(
+        self, harness_source: str, channel_fd: int, code_fd: int | None = None, entry: str = "serve"
+    ) -> list[str]:
         """The interpreter's command line: the harness from ``code_fd`` (holding ``harness_bytecode``), or from
-        its source."""
+        its source; ``entry`` is ``serve`` (one job) or ``zygote`` (a job per forked child)."""
         if code_fd is None or self.harness_bytecode is None:
-            return [self.python, "-I", "-S", "-B", "-c", harness_source, "serve", str(channel_fd)]
+            return [self.python, "-I", "-S", "-B", "-c", harness_source, entry, str(channel_fd)]
         size = len(self.harness_bytecode)
-        return [self.python, "-I", "-S", "-B", "-c", LOAD_HARNESS, "serve", str(channel_fd), str(code_fd), str(size)]
+        return [
+            self.python,
+            "-I",
+            "-S",
+            "-B",
+            "-c",
+            LOAD_HARNESS,
+            entry,
+            str(channel_fd),
+            str(code_fd),
+            str(size),
+        ]
 
     def argv(
         self,
@@ -104,10 +117,12 @@ class SandboxSpec:
         info_fd: int | None,
         seccomp_fd: int | None = None,
         code_fd: int | None = None,
+        entry: str = "serve",
     ) -> list[str]:
-        """The command line of a sandbox whose harness serves one job and reports on ``channel_fd``; bubblewrap
+        """The command line of a sandbox whose harness serves one job and reports on ``channel_fd`` (``entry``
+        ``serve``), or forks a child per job (``zygote``: ``channel_fd`` is its control socket); bubblewrap
         reads the system-call filter from ``seccomp_fd``, the interpreter its compiled harness from ``code_fd``."""
-        interpreter = self.interpreter(harness_source, channel_fd, code_fd)
+        interpreter = self.interpreter(harness_source, channel_fd, code_fd, entry)
         if self.bwrap is None:
             return interpreter
         argv = [

@@ -108,7 +108,9 @@ def probe_layers(spec: SandboxSpec) -> LayerReport:
         sandbox = Sandbox(spec)
         sandbox.wait_ready(30.0)
         uid = sandbox.host_uid()
-        in_cgroup = sandbox.cgroup is not None and _process_in(sandbox.info.get("child-pid", sandbox.proc.pid), sandbox.cgroup)
+        in_cgroup = sandbox.cgroup is not None and _process_in(
+            sandbox.info.get("child-pid", sandbox.proc.pid), sandbox.cgroup
+        )
         info = dict(sandbox.info)
         job = {
             "mode": "stdio",

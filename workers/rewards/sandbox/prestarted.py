@@ -1,9 +1,17 @@
 """A pool of pre-started local sandboxes, so that starting bubblewrap and the interpreter is off the critical path.
 
 One long-lived thread keeps ``size`` sandboxes started and waiting for a job (it must be long-lived: bubblewrap's
-``--die-with-parent`` follows the thread that started it). ``run`` takes a ready sandbox, uses it once and tells
-the thread to start another; at most ``concurrency`` runs go on at once. Nothing is shared between runs: each
-sandbox is discarded after its job, so a hostile program cannot leave anything behind for the next one.
+``--die-with-parent`` follows the thread that started it); at most ``concurrency`` runs go on at once.
+
+Two ways to use them (``reuse``):
+
+* reused (the default where bubblewrap and the system-call filter work; ``isolation: zygote``): each sandbox is a
+  zygote (``zygote.py``) that forks a child per run and is reused while its runs end cleanly; a run that times
+  out, writes too much or leaves what cannot be cleaned kills its sandbox, and the thread starts another. Runs
+  share the sandbox's namespaces one after another, never at once, and nothing a run leaves (processes, files in
+  ``/tmp`` or ``/dev/shm``, IPC objects) reaches the next.
+* single use (``isolation: strict``, and always without bubblewrap or the filter): ``run`` takes a ready sandbox,
+  uses it once and tells the thread to start another, so each run has namespaces of its own.
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ import weakref
 from workers.rewards.sandbox import cgroup
 from workers.rewards.sandbox.isolation import SandboxSpec
 from workers.rewards.sandbox.process import RunOutput, Sandbox, SandboxUnavailable, drain_reaper
-from workers.rewards.sandbox.relay import run_checked
+from workers.rewards.sandbox.relay import RELEASE_S, run_checked
+from workers.rewards.sandbox.zygote import ZygoteRun
 
 logger = logging.getLogger(__name__)
 
@@ -25,26 +34,39 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 30.0
 #: Jobs one checker sandbox serves before it is replaced (bounds what a long-lived interpreter accumulates).
 CHECKER_JOBS = 200
+#: Runs one zygote serves before it is replaced (bounds what its memory cgroup's counters and the kernel's
+#: bookkeeping of its namespaces accumulate).
+ZYGOTE_RUNS = 1000
 
 
 class SandboxPool:
     """Runs jobs in single-use, pre-started sandboxes described by ``spec``."""
 
-    def __init__(self, spec: SandboxSpec, concurrency: int, size: int | None = None) -> None:
+    def __init__(
+        self, spec: SandboxSpec, concurrency: int, size: int | None = None, reuse: bool = True
+    ) -> None:
         if concurrency < 1:
             raise ValueError(f"sandbox concurrency must be at least 1, got {concurrency}")
         self.spec = spec
         self.concurrency = concurrency
+        #: Whether sandboxes are zygotes reused across runs: only inside bubblewrap (the zygote cleans up as its
+        #: namespace's PID 1) with the system-call filter (which keeps IPC objects from outliving a run).
+        self.reuse = reuse and spec.bwrap is not None and spec.seccomp is not None
         # Starting a sandbox takes several times longer than a typical run (mostly kernel namespace set-up, not
         # CPU), so a pool only as deep as the concurrency leaves runs waiting for a start. Deeper pools keep up
         # better but hold ~13 MiB per idle sandbox, in every scoring process (README "Code sandbox").
         self.size = 2 * concurrency if size is None else size
         if self.size < 1:
             raise ValueError(f"sandbox pool size must be at least 1, got {self.size}")
+        if self.reuse:
+            # A checked run holds two (the program's and a checker's, which stays for the next run).
+            self.size = max(self.size, 2 * concurrency)
+        #: Sandboxes started so far.
+        self.started = 0
         self._slots = threading.BoundedSemaphore(concurrency)
         self._ready: queue.SimpleQueue[Sandbox | BaseException] = queue.SimpleQueue()
-        #: Checker sandboxes waiting for their next job (at most ``concurrency``: one per run at a time).
-        self._checkers: queue.SimpleQueue[Sandbox] = queue.SimpleQueue()
+        #: Checker sandboxes (or checker runs of zygotes) waiting for their next job (at most ``concurrency``).
+        self._checkers: queue.SimpleQueue[Sandbox | ZygoteRun] = queue.SimpleQueue()
         self._wanted = threading.Semaphore(self.size)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._keep_started, name="sandbox-pool", daemon=True)
@@ -64,7 +86,8 @@ class SandboxPool:
                 _drain(self._ready)
                 return
             try:
-                sandbox = Sandbox(self.spec)
+                sandbox = Sandbox(self.spec, "zygote" if self.reuse else "serve")
+                self.started += 1
                 sandbox.prepare(START_TIMEOUT_S)
                 self._ready.put(sandbox)
             except (OSError, SandboxUnavailable) as err:
@@ -78,7 +101,10 @@ class SandboxPool:
         limits = self.spec.limits
         with self._slots:
             sandbox = self._take()
-            return sandbox.run(job, stdin, limits.output_bytes, _within(limits.timeout_s, timeout_s))
+            try:
+                return sandbox.run(job, stdin, limits.output_bytes, _within(limits.timeout_s, timeout_s))
+            finally:
+                self._settle(sandbox)
 
     def run_checked(self, program_job: dict, checker_job: dict, timeout_s: float | None = None) -> list[str]:
         """Run a checked pair (``relay.run_checked``): the program in a fresh sandbox, the tests in a checker
@@ -90,16 +116,34 @@ class SandboxPool:
                 checker = self._idle_checker() or self._take()
             except BaseException:
                 program.kill()
+                self._settle(program)
                 raise
             timeout = _within(limits.timeout_s, timeout_s)
-            outcomes, reusable = run_checked(
-                program, checker, program_job, checker_job, limits.output_bytes, timeout
-            )
+            try:
+                outcomes, reusable = run_checked(
+                    program, checker, program_job, checker_job, limits.output_bytes, timeout
+                )
+            finally:
+                self._settle(program)
             if reusable and checker.jobs < CHECKER_JOBS and not self._closed.is_set():
                 self._checkers.put(checker)
-            elif reusable:
-                checker.kill()
+            else:
+                if reusable:
+                    checker.release(RELEASE_S)
+                self._settle(checker)
             return outcomes
+
+    def _settle(self, run: Sandbox | ZygoteRun) -> None:
+        """After a run: its zygote back to the ready ones if the run left it reusable, else (and for every
+        single-use sandbox, which ``_take`` already replaced) a replacement is started."""
+        if not isinstance(run, ZygoteRun):
+            return
+        if run.reusable and run.zygote.jobs < ZYGOTE_RUNS and not self._closed.is_set():
+            self._ready.put(run.zygote)
+        else:
+            run.kill(reap=False)
+            run.zygote.kill(reap=False)
+            self._wanted.release()
 
     def _idle_checker(self) -> Sandbox | None:
         try:
@@ -107,22 +151,30 @@ class SandboxPool:
         except queue.Empty:
             return None
 
-    def _take(self) -> Sandbox:
+    def _take(self) -> Sandbox | ZygoteRun:
         if self._closed.is_set():
             raise SandboxUnavailable("the sandbox pool is closed")
         try:
             item = self._ready.get(timeout=START_TIMEOUT_S)
         except queue.Empty:
             raise SandboxUnavailable(f"no sandbox was ready within {START_TIMEOUT_S:.0f}s") from None
-        self._wanted.release()
         if isinstance(item, BaseException):
+            self._wanted.release()
             raise SandboxUnavailable(f"the sandbox could not be started: {item}") from item
+        if not self.reuse:
+            self._wanted.release()
         try:
-            item.wait_ready(START_TIMEOUT_S)
+            if not item.channel_head:
+                item.wait_ready(START_TIMEOUT_S)
+            if not self.reuse:
+                return item
+            item.jobs += 1
+            return ZygoteRun(item)
         except BaseException:
             item.kill()
+            if self.reuse:
+                self._wanted.release()
             raise
-        return item
 
     def close(self) -> None:
         """Stop starting sandboxes and kill the idle ones (the one being started too, once it is up), then wait for
@@ -157,5 +209,5 @@ def _drain(ready: queue.SimpleQueue) -> None:
             item = ready.get_nowait()
         except queue.Empty:
             return
-        if isinstance(item, Sandbox):
+        if not isinstance(item, BaseException):
             item.kill()

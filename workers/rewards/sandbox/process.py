@@ -18,10 +18,12 @@ import queue
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +98,9 @@ def kill_orphaned_sandboxes(uid: int) -> list[int]:
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed.append(int(entry.name))
     if killed:
-        logger.warning("code sandbox: killed %d sandbox process(es) left by workers that are gone", len(killed))
+        logger.warning(
+            "code sandbox: killed %d sandbox process(es) left by workers that are gone", len(killed)
+        )
     return killed
 
 
@@ -191,10 +195,17 @@ class Sandbox:
     """A started, not yet used sandbox. Create it from a long-lived thread: bubblewrap's ``--die-with-parent``
     kills it when the thread that started it exits."""
 
-    def __init__(self, spec: SandboxSpec) -> None:
+    def __init__(self, spec: SandboxSpec, entry: str = "serve") -> None:
         self.spec = spec
+        #: ``serve`` (one job, then it is used up) or ``zygote`` (a forked child per job: ``zygote.py``).
+        self.entry = entry
         self._workdir = None
-        channel_r, channel_w = os.pipe()
+        if entry == "zygote":
+            # The zygote's control channel: descriptors travel over it, so a socket rather than a pipe.
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            channel_r, channel_w = mine.detach(), theirs.detach()
+        else:
+            channel_r, channel_w = os.pipe()
         info_r, info_w = os.pipe() if spec.bwrap else (None, None)
         seccomp_fd = _filter_fd(spec.seccomp) if spec.bwrap and spec.seccomp else None
         code_fd = _harness_fd(spec.harness_bytecode) if spec.harness_bytecode else None
@@ -210,7 +221,7 @@ class Sandbox:
             kwargs["cwd"] = self._workdir
         try:
             self.proc = subprocess.Popen(
-                spec.argv(HARNESS_SOURCE, channel_w, info_w, seccomp_fd, code_fd),
+                spec.argv(HARNESS_SOURCE, channel_w, info_w, seccomp_fd, code_fd, entry),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -231,6 +242,7 @@ class Sandbox:
         self._channel = channel_r
         self._info_fd = info_r
         self._channel_head = b""
+        self._control_buffer = b""
         self._pidfd: int | None = None
         #: What bubblewrap reported about the sandbox (child pid, namespace inodes); empty without bubblewrap.
         self.info: dict = {}
@@ -333,6 +345,36 @@ class Sandbox:
             return None
         return None
 
+    def control_fd(self) -> int:
+        """A zygote's control socket (the worker's end)."""
+        return self._channel
+
+    def read_control_line(self, deadline: float) -> bytes | None:
+        """A zygote's next line on its control socket: ``None`` if none came by ``deadline``, ``b""`` if the
+        socket ended (the zygote is gone)."""
+        while b"\n" not in self._control_buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            with selectors.DefaultSelector() as selector:
+                selector.register(self._channel, selectors.EVENT_READ)
+                if not selector.select(remaining):
+                    return None
+            try:
+                chunk = os.read(self._channel, 4096)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._control_buffer = b""
+                return b""
+            self._control_buffer += chunk
+        line, self._control_buffer = self._control_buffer.split(b"\n", 1)
+        return line
+
+    def alive(self) -> bool:
+        """Whether bubblewrap (or the plain interpreter) is still running."""
+        return self._channel is not None and self.proc.poll() is None
+
     def fds(self) -> tuple[int, int, int, int]:
         """The sandbox's stdin, stdout, stderr and channel, for a caller that drives them itself (``relay``)."""
         return self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.proc.stderr.fileno(), self._channel
@@ -344,56 +386,34 @@ class Sandbox:
 
     def run(self, job: dict, stdin: bytes, output_bytes: int, timeout_s: float) -> RunOutput:
         """Hand over ``job`` (and ``stdin``), collect the output, kill the tree. The sandbox is used up."""
-        pending = job_message(job, stdin)
-        out_fd, err_fd, channel_fd = self.proc.stdout.fileno(), self.proc.stderr.fileno(), self._channel
-        buffers = {out_fd: bytearray(), err_fd: bytearray(), channel_fd: bytearray(self._channel_head)}
-        status = EXITED
-        stdin_fd = self.proc.stdin.fileno()
-        os.set_blocking(stdin_fd, False)
         deadline = time.monotonic() + timeout_s
+        stdin_fd, out_fd, err_fd, channel_fd = self.fds()
         try:
-            with selectors.DefaultSelector() as selector:
-                for fd in buffers:
-                    selector.register(fd, selectors.EVENT_READ)
-                selector.register(stdin_fd, selectors.EVENT_WRITE)
-                readers = len(buffers)
-                while readers:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        status = TIMEOUT
-                        break
-                    for key, _ in selector.select(remaining):
-                        if key.fd == stdin_fd:
-                            pending = self._feed(stdin_fd, pending)
-                            if not pending:
-                                selector.unregister(stdin_fd)
-                                self.proc.stdin.close()
-                            continue
-                        chunk = os.read(key.fd, 1 << 16)
-                        if not chunk:
-                            selector.unregister(key.fd)
-                            readers -= 1
-                            continue
-                        buffers[key.fd] += chunk
-                        if len(buffers[key.fd]) > output_bytes:
-                            status = OUTPUT_LIMIT
-                            readers = 0
-                            break
+            status, buffers = collect(
+                job_message(job, stdin),
+                stdin_fd,
+                self.proc.stdin.close,
+                (out_fd, err_fd, channel_fd),
+                self._channel_head,
+                output_bytes,
+                deadline,
+            )
             # Every copy of the pipes is closed: the processes are ending; give bubblewrap its last moments.
             if status == EXITED and not self.wait_exit(max(0.1, deadline - time.monotonic())):
                 status = TIMEOUT
         finally:
             exit_code = self.kill()
-        if status == EXITED and exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-            status = TIMEOUT
-        return RunOutput(
-            status=status,
-            stdout=bytes(buffers[out_fd][:output_bytes]),
-            stderr=bytes(buffers[err_fd][:output_bytes]),
-            events=parse_events(bytes(buffers[channel_fd][:output_bytes])),
-            exit_code=exit_code if status == EXITED else None,
-            oom_killed=self.oom_killed(),
+        return run_output(
+            status, buffers, (out_fd, err_fd, channel_fd), output_bytes, exit_code, self.oom_killed()
         )
+
+    def exit_code(self) -> int | None:
+        """How the sandbox ended, once it has (bubblewrap's status, or the interpreter's without it)."""
+        return self.proc.returncode
+
+    def release(self, wait_s: float = 0.0) -> None:
+        """Done with this sandbox: kill it, reaping in the background (a reused run's ``release`` differs)."""
+        self.kill(reap=False)
 
     def wait_exit(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for bubblewrap (or the plain interpreter) to exit and reap it; whether it did.
@@ -415,16 +435,6 @@ class Sandbox:
         finally:
             os.close(pidfd)
         return self.proc.poll() is not None
-
-    @staticmethod
-    def _feed(fd: int, pending: bytes) -> bytes:
-        try:
-            return pending[os.write(fd, pending[: 1 << 16]) :]
-        except BlockingIOError:
-            return pending
-        except BrokenPipeError:
-            # The program stopped reading (or ended): the rest of its stdin is of no use.
-            return b""
 
     def kill(self, reap: bool = True) -> int | None:
         """Kill every process of the sandbox and reap bubblewrap; returns the exit status if it had already ended.
@@ -481,3 +491,78 @@ class Sandbox:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+
+
+def collect(
+    pending: bytes,
+    stdin_fd: int,
+    close_stdin: Callable[[], None],
+    outputs: tuple[int, int, int],
+    channel_head: bytes,
+    output_bytes: int,
+    deadline: float,
+) -> tuple[str, dict[int, bytearray]]:
+    """Write ``pending`` to ``stdin_fd`` (then ``close_stdin``) while reading ``outputs`` (stdout, stderr, channel)
+    until each ends, one passes ``output_bytes`` (``output_limit``) or ``deadline`` passes (``timeout``); the status
+    and what was read."""
+    buffers = {fd: bytearray() for fd in outputs}
+    buffers[outputs[2]] += channel_head
+    status = EXITED
+    os.set_blocking(stdin_fd, False)
+    with selectors.DefaultSelector() as selector:
+        for fd in buffers:
+            selector.register(fd, selectors.EVENT_READ)
+        selector.register(stdin_fd, selectors.EVENT_WRITE)
+        readers = len(buffers)
+        while readers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return TIMEOUT, buffers
+            for key, _ in selector.select(remaining):
+                if key.fd == stdin_fd:
+                    pending = _feed(stdin_fd, pending)
+                    if not pending:
+                        selector.unregister(stdin_fd)
+                        close_stdin()
+                    continue
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    readers -= 1
+                    continue
+                buffers[key.fd] += chunk
+                if len(buffers[key.fd]) > output_bytes:
+                    return OUTPUT_LIMIT, buffers
+    return status, buffers
+
+
+def run_output(
+    status: str,
+    buffers: dict[int, bytearray],
+    outputs: tuple[int, int, int],
+    output_bytes: int,
+    exit_code: int | None,
+    oom_killed: bool,
+) -> RunOutput:
+    """The ``RunOutput`` of a collected run (a CPU-time kill is a timeout)."""
+    if status == EXITED and exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        status = TIMEOUT
+    out_fd, err_fd, channel_fd = outputs
+    return RunOutput(
+        status=status,
+        stdout=bytes(buffers[out_fd][:output_bytes]),
+        stderr=bytes(buffers[err_fd][:output_bytes]),
+        events=parse_events(bytes(buffers[channel_fd][:output_bytes])),
+        exit_code=exit_code if status == EXITED else None,
+        oom_killed=oom_killed,
+    )
+
+
+def _feed(fd: int, pending: bytes) -> bytes:
+    try:
+        return pending[os.write(fd, pending[: 1 << 16]) :]
+    except BlockingIOError:
+        return pending
+    except BrokenPipeError:
+        # The program stopped reading (or ended): the rest of its stdin is of no use.
+        return b""

@@ -28,6 +28,8 @@ from workers.rewards.sandbox.verdicts import MEMORY_LIMIT, RUNTIME_ERROR, module
 logger = logging.getLogger(__name__)
 
 CHECKER_SOURCE = (Path(__file__).parent / "checker.py").read_text(encoding="utf-8")
+#: How long the program's side of a checked run in a reused sandbox may take to end once its stdin is closed.
+RELEASE_S = 0.5
 
 
 class _Side:
@@ -169,8 +171,9 @@ def run_checked(
                     break
         reusable = relay.finished and len(sides[1].open) == 3 and len(relay.verdicts) == relay.count
     finally:
-        # The verdicts are in: bubblewrap's exit and the clean-up need not hold up the sample.
-        program.kill(reap=False)
+        # The verdicts are in: bubblewrap's exit and the clean-up need not hold up the sample. A reused sandbox's
+        # program, done or waiting for requests, ends by itself when its stdin closes (not when it timed out).
+        program.release(0.0 if timed_out else RELEASE_S)
         if not reusable:
             checker.kill(reap=False)
     if not relay.finished and not timed_out:
@@ -217,7 +220,7 @@ def _ended(sandbox: Sandbox) -> str:
     """Why the program's sandbox ended by itself: out of memory (its cgroup's OOM kill), out of CPU time, or
     anything else (a crash, an exit)."""
     sandbox.wait_exit(0.5)
-    code = sandbox.proc.returncode
+    code = sandbox.exit_code()
     if sandbox.oom_killed():
         return MEMORY_LIMIT
     return TIMEOUT if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else RUNTIME_ERROR

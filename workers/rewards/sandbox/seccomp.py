@@ -14,6 +14,9 @@ syscall numbers are those of this machine's architecture. Denied calls fail with
   ``pidfd_getfd``;
 * new namespaces and mounts: ``unshare``, ``setns``, ``mount`` and the new mount API, ``pivot_root``, ``chroot``,
   and ``clone`` with a namespace flag;
+* System V IPC objects and POSIX message queues (``shmget``, ``semget``, ``msgget``, ``mq_open``): they would
+  outlive the run in its IPC namespace, which a reused sandbox keeps (``zygote.py``); Python's own shared memory
+  and semaphores are files in ``/dev/shm`` instead;
 * ``prctl(PR_SET_PDEATHSIG)``: the interpreter is the sandbox's PID 1 and dies with bubblewrap because of that
   signal; a program that could clear it would outlive a killed worker.
 """
@@ -66,6 +69,10 @@ DENIED = (
     "fsmount",
     "fspick",
     "mount_setattr",
+    "shmget",
+    "semget",
+    "msgget",
+    "mq_open",
 )
 PR_SET_PDEATHSIG = 1
 #: CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
