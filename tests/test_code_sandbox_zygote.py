@@ -5,12 +5,16 @@ sandbox per run. The hostile suite (test_code_sandbox_hostile.py) runs on the de
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.test_code_sandbox_hostile import leftover_processes
 from workers.rewards.code_sandbox import CodeSandboxScorer
+from workers.rewards.sandbox.isolation import LOAD_HARNESS
 from workers.rewards.sandbox.layers import IsolationUnavailable
 from workers.rewards.sandbox.prestarted import SandboxPool
 from workers.rewards.sandbox.process import EXITED, TIMEOUT
@@ -156,6 +160,39 @@ def test_a_run_that_times_out_or_floods_costs_its_sandbox(spec):
     assert looped.status == TIMEOUT and flooded.status == "output_limit"
     assert fine.stdout == b"2\n"
     assert started == before + 2
+    assert no_leftovers()
+
+
+def zygote_pids(uid: int) -> list[int]:
+    """Host pids of the zygotes running as ``uid`` (their command line is the harness's loader, entry zygote)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or proc.stat().st_uid != uid:
+                continue
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if LOAD_HARNESS.encode() in argv and b"zygote" in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_sandbox_that_died_waiting_is_replaced_not_scored(spec):
+    pool = SandboxPool(spec, concurrency=1)
+    try:
+        assert pool.run(stdio(spec, "print(1)")).stdout == b"1\n"
+        deadline = time.monotonic() + 30.0
+        while len(zygote_pids(spec.effective_uid())) < pool.size and time.monotonic() < deadline:
+            time.sleep(0.01)
+        killed = zygote_pids(spec.effective_uid())
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)  # from the host: as if something outside killed the waiting sandboxes
+        outputs = [pool.run(stdio(spec, "print(2)")) for _ in range(3)]
+    finally:
+        pool.close()
+    assert len(killed) >= 2  # the pool's two (a process of an earlier pool may still be on its way out)
+    assert [o.stdout for o in outputs] == [b"2\n"] * 3
     assert no_leftovers()
 
 

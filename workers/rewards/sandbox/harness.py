@@ -474,7 +474,10 @@ def zygote(control_fd):
         for fd in fds:
             os.close(fd)
         _, status = os.waitpid(pid, 0)
-        clean = _end_run(modes)
+        try:
+            clean = _end_run(modes)
+        except BaseException:
+            clean = False
         control.sendall(
             _dumps({"ev": "exit", "code": os.waitstatus_to_exitcode(status), "clean": clean}).encode() + b"\n"
         )

@@ -26,7 +26,7 @@ from workers.rewards.sandbox import cgroup
 from workers.rewards.sandbox.isolation import SandboxSpec
 from workers.rewards.sandbox.process import RunOutput, Sandbox, SandboxUnavailable, drain_reaper
 from workers.rewards.sandbox.relay import RELEASE_S, run_checked
-from workers.rewards.sandbox.zygote import ZygoteRun
+from workers.rewards.sandbox.zygote import ZygoteGone, ZygoteRun
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +100,18 @@ class SandboxPool:
         ``timeout_s`` (at most the limits' own) is the run's wall-clock limit."""
         limits = self.spec.limits
         with self._slots:
-            sandbox = self._take()
-            try:
-                return sandbox.run(job, stdin, limits.output_bytes, _within(limits.timeout_s, timeout_s))
-            finally:
-                self._settle(sandbox)
+            for attempt in range(2):
+                sandbox = self._take()
+                try:
+                    return sandbox.run(job, stdin, limits.output_bytes, _within(limits.timeout_s, timeout_s))
+                except ZygoteGone:
+                    # The sandbox ended without the program's doing (it was gone before the run, or its zygote
+                    # failed): once more in another; then it is the infrastructure failure it is.
+                    if attempt == 1:
+                        raise
+                finally:
+                    self._settle(sandbox)
+        raise AssertionError("unreachable")
 
     def run_checked(self, program_job: dict, checker_job: dict, timeout_s: float | None = None) -> list[str]:
         """Run a checked pair (``relay.run_checked``): the program in a fresh sandbox, the tests in a checker
@@ -152,29 +159,40 @@ class SandboxPool:
             return None
 
     def _take(self) -> Sandbox | ZygoteRun:
-        if self._closed.is_set():
-            raise SandboxUnavailable("the sandbox pool is closed")
-        try:
-            item = self._ready.get(timeout=START_TIMEOUT_S)
-        except queue.Empty:
-            raise SandboxUnavailable(f"no sandbox was ready within {START_TIMEOUT_S:.0f}s") from None
-        if isinstance(item, BaseException):
-            self._wanted.release()
-            raise SandboxUnavailable(f"the sandbox could not be started: {item}") from item
-        if not self.reuse:
-            self._wanted.release()
-        try:
-            if not item.channel_head:
-                item.wait_ready(START_TIMEOUT_S)
-            if not self.reuse:
-                return item
-            item.jobs += 1
-            return ZygoteRun(item)
-        except BaseException:
-            item.kill()
-            if self.reuse:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self._closed.is_set():
+                raise SandboxUnavailable("the sandbox pool is closed")
+            try:
+                item = self._ready.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise SandboxUnavailable(f"no sandbox was ready within {START_TIMEOUT_S:.0f}s") from None
+            if isinstance(item, BaseException):
                 self._wanted.release()
-            raise
+                raise SandboxUnavailable(f"the sandbox could not be started: {item}") from item
+            if not self.reuse:
+                self._wanted.release()
+            try:
+                if not item.channel_head:
+                    item.wait_ready(START_TIMEOUT_S)
+                if not self.reuse:
+                    return item
+                item.jobs += 1
+                return ZygoteRun(item)
+            except (OSError, SandboxUnavailable) as err:
+                if not self.reuse:
+                    item.kill()
+                    raise
+                # A zygote that ended while it waited (no ready signal, or the hand-over found its socket
+                # closed): take another; one that cannot start at all shows as the starter's error in the queue.
+                logger.warning("code sandbox: a waiting sandbox was gone (%s); taking another", err)
+                item.kill()
+                self._wanted.release()
+            except BaseException:
+                item.kill()
+                if self.reuse:
+                    self._wanted.release()
+                raise
 
     def close(self) -> None:
         """Stop starting sandboxes and kill the idle ones (the one being started too, once it is up), then wait for

@@ -24,10 +24,16 @@ from workers.rewards.sandbox.process import (
     TIMEOUT,
     RunOutput,
     Sandbox,
+    SandboxUnavailable,
     collect,
     job_message,
     run_output,
 )
+
+
+class ZygoteGone(SandboxUnavailable):
+    """The zygote ended before it reported the run's end, and not for memory the run used: nothing the program
+    does can cause that (it can neither signal nor trace its zygote), so it is an infrastructure failure."""
 
 
 class ZygoteRun:
@@ -80,7 +86,10 @@ class ZygoteRun:
                 status = TIMEOUT
         finally:
             exit_code = self.kill()
-        return run_output(status, buffers, outputs, output_bytes, exit_code, self.oom_killed())
+        oom_killed = self.oom_killed()
+        if status == EXITED and self._ended and self._code is None and not oom_killed:
+            raise ZygoteGone("the sandbox's zygote ended before it reported the run's end")
+        return run_output(status, buffers, outputs, output_bytes, exit_code, oom_killed)
 
     def _close_stdin(self) -> None:
         if self._stdin is not None:
