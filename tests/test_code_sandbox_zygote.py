@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -164,7 +165,8 @@ def test_a_run_that_times_out_or_floods_costs_its_sandbox(spec):
 
 
 def zygote_pids(uid: int) -> list[int]:
-    """Host pids of the zygotes running as ``uid`` (their command line is the harness's loader, entry zygote)."""
+    """Host pids of the zygotes running as ``uid`` (their command line is the harness's loader, entry zygote; their
+    bubblewraps' holds the same after ``bwrap``'s own arguments)."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
@@ -173,9 +175,21 @@ def zygote_pids(uid: int) -> list[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if LOAD_HARNESS.encode() in argv and b"zygote" in argv:
+        if LOAD_HARNESS.encode() in argv and b"zygote" in argv and not argv[0].endswith(b"bwrap"):
             pids.append(int(proc.name))
     return pids
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_sandbox_that_died_waiting_is_replaced_not_scored(spec):
@@ -186,13 +200,48 @@ def test_a_sandbox_that_died_waiting_is_replaced_not_scored(spec):
         while len(zygote_pids(spec.effective_uid())) < pool.size and time.monotonic() < deadline:
             time.sleep(0.01)
         killed = zygote_pids(spec.effective_uid())
+        bubblewraps = [parent_pid(pid) for pid in killed]
         for pid in killed:
             os.kill(pid, signal.SIGKILL)  # from the host: as if something outside killed the waiting sandboxes
+        # Until their bubblewraps have exited too (zombies, unreaped by the pool), so that each hand-over finds
+        # the socket closed rather than racing the exit.
+        deadline = time.monotonic() + 30.0
+        while any(alive(pid) for pid in killed + bubblewraps) and time.monotonic() < deadline:
+            time.sleep(0.01)
         outputs = [pool.run(stdio(spec, "print(2)")) for _ in range(3)]
     finally:
         pool.close()
-    assert len(killed) >= 2  # the pool's two (a process of an earlier pool may still be on its way out)
+    assert len(killed) == 2
     assert [o.stdout for o in outputs] == [b"2\n"] * 3
+    assert no_leftovers()
+
+
+def test_a_zygote_killed_mid_run_is_retried_not_scored(spec):
+    pool = SandboxPool(spec, concurrency=1)
+    killed = []
+
+    def kill_the_busy_zygote() -> None:
+        deadline = time.monotonic() + 30.0
+        while not killed and time.monotonic() < deadline:
+            for pid in zygote_pids(spec.effective_uid()):
+                if Path(f"/proc/{pid}/task/{pid}/children").read_text().split():  # the one running the program
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    break
+            time.sleep(0.01)
+
+    try:
+        pool.run(stdio(spec, "print(1)"))
+        killer = threading.Thread(target=kill_the_busy_zygote)
+        killer.start()
+        # Sleeps so that the killer finds it running; the first attempt's sandbox dies under it.
+        output = pool.run(stdio(spec, "import time\ntime.sleep(1)\nprint(3)"))
+        killer.join()
+    finally:
+        pool.close()
+    assert len(killed) == 1
+    # Retried in another sandbox: an infrastructure failure is never the program's verdict.
+    assert output.status == EXITED and output.stdout == b"3\n"
     assert no_leftovers()
 
 
