@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -16,9 +18,9 @@ import pytest
 from tests.test_code_sandbox_hostile import leftover_processes
 from workers.rewards.code_sandbox import CodeSandboxScorer
 from workers.rewards.sandbox.isolation import LOAD_HARNESS
-from workers.rewards.sandbox.layers import IsolationUnavailable
+from workers.rewards.sandbox.layers import IsolationUnavailable, LayerReport
 from workers.rewards.sandbox.prestarted import SandboxPool
-from workers.rewards.sandbox.process import EXITED, TIMEOUT
+from workers.rewards.sandbox.process import EXITED, HARNESS_SOURCE, TIMEOUT
 
 # Reports what earlier runs could have left, as JSON, then leaves all it can: files (one in a directory it makes
 # unreadable, a symlink), a file in /dev/shm, a hidden session of sleepers, a /tmp it can no longer write to.
@@ -278,3 +280,38 @@ def test_sysv_ipc_is_refused(spec):
 def test_the_isolation_option_is_checked():
     with pytest.raises(ValueError, match="isolation must be one of"):
         CodeSandboxScorer(isolation="shared")
+
+
+def test_runs_reuse_sandboxes_only_where_the_clean_up_is_confined(spec):
+    scorer = CodeSandboxScorer(timeout_s=2.0, concurrency=1)
+    try:
+        assert scorer.reuses()
+        for layer in ("pid_namespace", "mount_namespace", "ipc_namespace", "seccomp"):
+            available = {**scorer.layers.available, layer: False}
+            scorer.layers = LayerReport(available)
+            assert not scorer.reuses(), layer
+            scorer.layers = LayerReport({**available, layer: True})
+        assert scorer.reuses()
+        assert not CodeSandboxScorer(timeout_s=2.0, concurrency=1, isolation="strict").reuses()
+    finally:
+        scorer.close()
+
+
+def test_the_zygote_refuses_to_run_outside_a_pid_namespace(spec):
+    # Started as a plain process (no job is ever sent, so a zygote that did not refuse would only wait).
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        proc = subprocess.Popen(
+            spec.interpreter(HARNESS_SOURCE, theirs.fileno(), entry="zygote"),
+            pass_fds=[theirs.fileno()],
+            stderr=subprocess.PIPE,
+            env={},
+        )
+        try:
+            assert proc.wait(timeout=60) == 3
+        finally:
+            proc.kill()
+            proc.wait()
+        mine.settimeout(1.0)
+        assert mine.recv(100) == b""  # no ready signal: the worker's wait for it fails
+    assert b"PID 1" in proc.stderr.read()

@@ -207,10 +207,19 @@ class CodeSandboxScorer(RewardScorer):
                         backoff_s=self.remote["backoff_s"],
                     )
                 else:
-                    self._executor = SandboxPool(
-                        self.spec, self.concurrency, self.pool_size, reuse=self.isolation == "zygote"
-                    )
+                    self._executor = SandboxPool(self.spec, self.concurrency, self.pool_size, reuse=self.reuses())
             return self._executor
+
+    def reuses(self) -> bool:
+        """Whether runs reuse sandboxes: ``isolation: zygote`` on a host where the layers a zygote's clean-up
+        stands on were seen working (its kill of every other process is confined by the PID namespace, its
+        emptying of /tmp by the mount namespace; the filter keeps IPC objects from outliving a run)."""
+        needed = ("bubblewrap", "pid_namespace", "mount_namespace", "ipc_namespace", "seccomp")
+        return (
+            self.isolation == "zygote"
+            and self.layers is not None
+            and all(self.layers.available.get(name, False) for name in needed)
+        )
 
     def _run(self, job: dict, stdin: bytes = b"", timeout_s: float | None = None) -> RunOutput:
         executor = self._executor_here()

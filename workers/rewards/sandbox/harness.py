@@ -446,6 +446,10 @@ def zygote(control_fd):
     import ctypes
     import socket
 
+    if os.getpid() != 1:
+        # Its clean-up kills every other process it can signal: only as the PID 1 of a namespace of its own.
+        os.write(2, b"the zygote runs only as the PID 1 of its own PID namespace\n")
+        os._exit(3)
     libc = ctypes.CDLL(None, use_errno=True)
     for name in _PRELOAD:
         try:  # noqa: SIM105 - as in _finish
