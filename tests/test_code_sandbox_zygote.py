@@ -300,13 +300,14 @@ def test_runs_reuse_sandboxes_only_where_the_clean_up_is_confined(spec):
 def test_the_zygote_refuses_to_run_outside_a_pid_namespace(spec):
     # Started as a plain process (no job is ever sent, so a zygote that did not refuse would only wait).
     mine, theirs = socket.socketpair()
-    with mine, theirs:
-        proc = subprocess.Popen(
-            spec.interpreter(HARNESS_SOURCE, theirs.fileno(), entry="zygote"),
-            pass_fds=[theirs.fileno()],
-            stderr=subprocess.PIPE,
-            env={},
-        )
+    with mine:
+        with theirs:
+            proc = subprocess.Popen(
+                spec.interpreter(HARNESS_SOURCE, theirs.fileno(), entry="zygote"),
+                pass_fds=[theirs.fileno()],
+                stderr=subprocess.PIPE,
+                env={},
+            )
         try:
             assert proc.wait(timeout=60) == 3
         finally:

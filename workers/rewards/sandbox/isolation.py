@@ -9,7 +9,8 @@ when it lives elsewhere, its own ``/proc``, a minimal ``/dev`` and nothing else 
 working directory) and a small ``/dev/shm``; ``/`` and ``/dev`` are read-only. The environment is empty; only
 the loopback interface exists; further user namespaces are disabled inside. The interpreter is PID 1 of its
 namespace: when it exits, every other process of the run dies with it (and, as for any PID 1, signals it sends
-itself without a handler are ignored). When the worker runs as root,
+itself without a handler are ignored). In a reused sandbox that PID 1 is the zygote (``zygote.py``), and each
+run is a child of it; when the child exits, the zygote kills every other process of the namespace. When the worker runs as root,
 bubblewrap itself is started as ``sandbox_user`` (``nobody`` by default), so the program never runs as root on the
 host, not even mapped.
 
