@@ -29,8 +29,8 @@ def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     the output layer: the prompt's logits, (B, P, V) floats that nothing uses (gigabytes with a 150k vocabulary and
     long prompts), are never made. Where rows share prompts (a group's responses do), each prompt goes through the
     model once (`response_logits_sharing_prompts`)."""
-    shared = shared_prompts(batch)
-    if shared is not None and can_share_prompts(model):
+    shared = shared_prompts(batch) if can_share_prompts(model) else None
+    if shared is not None:
         return response_logits_sharing_prompts(model, batch, *shared)
     input_ids, attention_mask, position_ids = concat_prompt_response(batch)
     response_len = batch["response_ids"].shape[1]
@@ -48,6 +48,8 @@ def shared_prompts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     """The distinct prompts of `batch` (ids and mask, (U, P) each) and each row's index among them (B,), when rows
     share prompts enough (`SHARE_FROM` rows per prompt or more); else None."""
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"].long()
+    if prompt_ids.device.type == "meta":
+        return None  # shapes without values (device-placement checks): nothing to compare
     rows = torch.cat([prompt_ids, prompt_mask], dim=1)
     distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
     if distinct.shape[0] * SHARE_FROM > rows.shape[0]:
