@@ -148,8 +148,9 @@ class SandboxPool:
         if run.reusable and run.zygote.jobs < ZYGOTE_RUNS and not self._closed.is_set():
             self._ready.put(run.zygote)
         else:
-            run.kill(reap=False)
-            run.zygote.kill(reap=False)
+            run.kill(reap=False)  # kills the zygote unless the run ended cleanly
+            if run.reusable:
+                run.zygote.kill(reap=False)  # retired: its runs are spent, or the pool is closing
             self._wanted.release()
 
     def _idle_checker(self) -> Sandbox | None:

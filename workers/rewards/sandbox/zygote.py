@@ -48,6 +48,7 @@ class ZygoteRun:
         self._code: int | None = None
         self._ended = False
         self._clean = False
+        self._zygote_killed = False
         cgroups, path = self.spec.memory_cgroups, zygote.cgroup
         self._oom_before = cgroups.oom_kills(path) if cgroups is not None and path is not None else 0
         pipes = [os.pipe() for _ in range(4)]
@@ -144,7 +145,8 @@ class ZygoteRun:
         run goes with its PID 1). Returns the exit status if the run had ended."""
         self._close_stdin()
         self._close_own()
-        if not self._ended or not self._clean:
+        if (not self._ended or not self._clean) and not self._zygote_killed:
+            self._zygote_killed = True  # once: the relay's release and the pool's settling both end a run
             self.zygote.kill(reap=reap)
         return self._code
 
