@@ -46,6 +46,7 @@ from workers.rewards.sandbox.prestarted import SandboxPool
 from workers.rewards.sandbox.process import HARNESS_SOURCE, TIMEOUT, RunOutput, kill_orphaned_sandboxes
 from workers.rewards.sandbox.remote import SandboxFusionClient
 from workers.rewards.sandbox.seccomp import compiled_filter
+from workers.rewards.sandbox.stdio_tests import output_budget, per_test_outputs, stdio_tests_job
 from workers.rewards.sandbox.verdicts import (
     FAILURE_KINDS,
     PASSED,
@@ -93,8 +94,9 @@ class CodeSandboxScorer(RewardScorer):
     - ``concurrency`` (2): local runs at once in this scorer's process; ``pool_size`` (2 x concurrency):
       sandboxes kept started ahead (deeper is faster, at ~13 MiB per idle sandbox).
     - ``isolation`` (``zygote``): each sandbox is reused, run after run, by a zygote that forks a child per run
-      and removes all a run leaves before the next (``sandbox/zygote.py``); ``strict``: a new sandbox (its own
-      namespaces) per run. Without bubblewrap or the system-call filter every run is ``strict``.
+      and removes all a run leaves before the next (``sandbox/zygote.py``; a stdin/stdout suite is one run, a
+      forked child per test: ``sandbox/stdio_tests.py``); ``strict``: a new sandbox (its own namespaces) per run.
+      Without bubblewrap or the system-call filter every run is ``strict``.
     - ``python``: interpreter inside the sandbox (default: this worker's own when the sandbox user can reach it,
       else ``/usr/bin/python3``); ``sandbox_user`` (``nobody``): whom to run as when the worker is root.
     - ``allow_missing_layers`` ([]): isolation layers (``sandbox/layers.py``) this host may lack; any other
@@ -210,6 +212,9 @@ class CodeSandboxScorer(RewardScorer):
                     self._executor = SandboxPool(self.spec, self.concurrency, self.pool_size, reuse=self.reuses())
             return self._executor
 
+    #: Stdin/stdout suites of at least this many tests run in one run (``stdio_tests.py``); fewer, a run each.
+    _BATCH_STDIO_FROM = 2
+
     def reuses(self) -> bool:
         """Whether runs reuse sandboxes: ``isolation: zygote`` on a host where the layers a zygote's clean-up
         stands on were seen working (its kill of every other process is confined by the PID namespace, its
@@ -243,6 +248,16 @@ class CodeSandboxScorer(RewardScorer):
             job = {"mode": "call", "code": code, "fn_name": suite.fn_name, "calls": list(suite.inputs)}
             return judge_calls(suite, self._run(job, timeout_s=self.sample_timeout_s), self.float_tolerance)
         assert isinstance(suite, StdioTests)
+        executor = self._executor_here()
+        if isinstance(executor, SandboxPool) and executor.reuse and len(suite.inputs) >= self._BATCH_STDIO_FROM:
+            # One run: the program compiled once, a forked child per test (``stdio_tests.py``).
+            job = stdio_tests_job(code, suite.inputs, self.limits)
+            run = executor.run_tests(job, output_budget(len(suite.inputs), self.limits), self.sample_timeout_s)
+            outputs = per_test_outputs(run, len(suite.inputs))
+            return [
+                judge_stdio(expected, output, self.float_tolerance)
+                for expected, output in zip(suite.outputs, outputs, strict=True)
+            ]
         results: list[str] = []
         for stdin, expected in zip(suite.inputs, suite.outputs, strict=True):
             remaining = deadline - time.monotonic()

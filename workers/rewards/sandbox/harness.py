@@ -16,6 +16,9 @@ Two ways in:
 Job modes:
 
 * ``stdio`` runs the program as ``__main__`` and reports how it ended (stdout goes straight to the worker);
+* ``stdio_tests`` (reused sandboxes only) compiles the program once and runs it once per test, each in a child
+  forked for it with that test's stdin, and reports each test as the worker would have seen a ``stdio`` run of
+  its own (``_run_stdio_tests``);
 * ``call`` calls ``fn_name`` (or ``Solution().fn_name``) with each argument list and reports each return value.
   Everything reported is a *claim* the worker judges outside: expected outputs never reach the program.
 * ``serve`` and ``check`` are the two halves of a checked run (assert-style and ``check(candidate)`` tests), each
@@ -364,6 +367,168 @@ def _run_serve(code, requests):
             _emit({"id": request.get("id"), "e": "Unreportable"})
 
 
+#: Bytes of a test's stderr forwarded to the worker (for debugging; the rest is counted, not kept).
+_STDERR_HEAD = 4096
+
+
+def _run_stdio_tests(code, job):
+    """Run the compiled program once per test, each in a child forked for it (so its interpreter, modules and
+    compiled code are this process's, copy-on-write), and report each test to the worker as a ``stdio`` run of
+    its own would have looked: per test, its stdout, channel and the head of its stderr go to stdout, one after
+    the other, and an event ``{"ev": "test", "i", "status", "code", "out", "ch", "err"}`` gives their lengths.
+
+    This process (the run's, forked by the zygote) is the tests' parent and is kept out of their reach: it is not
+    dumpable (no ``/proc/<pid>/mem`` or ``fd`` for a test), a test's descriptors are only its own 0-3, and it is a
+    child subreaper, so whatever a test leaves running is killed and reaped before the next test starts, and the
+    writable directories are emptied. A test may still kill or stop it (same user): the tests not yet reported
+    then fail, which is the program's doing. Stops after a test that timed out, as the worker does."""
+    if _libc is None:
+        _emit({"ev": "refused", "error": "stdio_tests runs only in a zygote's child"})
+        return
+    import select
+    import time
+
+    _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    limit = int(job["output_bytes"])
+    timeout_s = float(job["test_timeout_s"])
+    me = str(os.getpid())
+    for index, text in enumerate(job["inputs"]):
+        status, exit_code, out, channel, err = _one_stdio_test(
+            code, text.encode(), limit, timeout_s, me, select, time
+        )
+        if status != "exited":
+            out = channel = b""
+        head = err[:_STDERR_HEAD]
+        _write_all(1, out + channel + head)
+        _emit(
+            {
+                "ev": "test",
+                "i": index,
+                "status": status,
+                "code": exit_code,
+                "out": len(out),
+                "ch": len(channel),
+                "err": len(head),
+            }
+        )
+        if not _tidy(me):
+            _emit({"ev": "unclean"})
+            return
+        if status == "timeout":
+            return
+
+
+def _tidy(me):
+    """Between two tests: what the last one left, gone (the common case, nothing left, checked cheaply first)."""
+    if _others(me) and not _kill_others("1", me):
+        return False
+    for path, mode in _writable_modes.items():
+        try:
+            if os.stat(path).st_mode & 0o7777 == mode and not os.listdir(path):
+                continue
+        except OSError:
+            pass
+        if not _empty_writable({path: mode}):
+            return False
+    return True
+
+
+def _others(me):
+    return [name for name in os.listdir("/proc") if name.isdigit() and name not in ("1", me)]
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _one_stdio_test(code, stdin, limit, timeout_s, me, select, time):
+    """One test in a forked child: (status, exit status or None, stdout, channel, stderr). The test ends when the
+    child has exited (what it left running is killed then, as the zygote does after a run) and its outputs have
+    closed; or at its wall clock, or when an output passes ``limit``."""
+    pipes = [os.pipe() for _ in range(4)]
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(pipes[0][0], 0)
+            for target in (1, 2, 3):
+                os.dup2(pipes[target][1], target)
+            os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own /proc files are its own, as in a run of its own
+            _run_stdio(code)
+            _finish()
+        finally:
+            os._exit(70)
+    pidfd = os.pidfd_open(pid)
+    os.close(pipes[0][0])
+    for target in (1, 2, 3):
+        os.close(pipes[target][1])
+    writer = pipes[0][1]
+    readers = {pipes[1][0]: bytearray(), pipes[2][0]: bytearray(), pipes[3][0]: bytearray()}
+    poller = select.poll()
+    for fd in (*readers, pidfd):
+        poller.register(fd, select.POLLIN)
+    if stdin:
+        os.set_blocking(writer, False)
+        poller.register(writer, select.POLLOUT)
+    else:
+        os.close(writer)
+        writer = -1
+    deadline = time.monotonic() + timeout_s
+    status = "exited"
+    exit_code = None
+    open_readers = len(readers)
+    try:
+        while (open_readers or exit_code is None) and status == "exited":
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                status = "timeout"
+                break
+            for fd, _ in poller.poll(remaining * 1000):
+                if fd == pidfd:
+                    poller.unregister(pidfd)
+                    exit_code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                    if _others(me):
+                        _kill_others("1", me)  # what it left running holds its outputs open
+                elif fd == writer:
+                    try:
+                        stdin = stdin[os.write(writer, stdin[: 1 << 16]) :]
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        stdin = b""  # the test stopped reading
+                    if not stdin:
+                        poller.unregister(writer)
+                        os.close(writer)
+                        writer = -1
+                else:
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        poller.unregister(fd)
+                        open_readers -= 1
+                        continue
+                    readers[fd] += chunk
+                    if len(readers[fd]) > limit:
+                        status = "output_limit"
+                        break
+    finally:
+        for fd in (writer, pidfd, *readers):
+            if fd >= 0:
+                try:  # noqa: SIM105 - as in _finish
+                    os.close(fd)
+                except OSError:
+                    pass
+    if status != "exited":
+        exit_code = None
+        try:  # noqa: SIM105 - as in _finish
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    out, err, channel = readers.values()
+    return status, exit_code, bytes(out), bytes(channel), bytes(err)
+
+
 def run_job(job, marker=None):
     """Run one job; ``marker`` set means remote mode (events on stderr, each line prefixed with it)."""
     global _marker
@@ -390,6 +555,8 @@ def run_job(job, marker=None):
         _finish()
     if mode == "stdio":
         _run_stdio(code)
+    elif mode == "stdio_tests":
+        _run_stdio_tests(code, job)
     elif mode == "call":
         _run_call(code, job["fn_name"], job["calls"])
     else:
@@ -430,6 +597,10 @@ _PRELOAD = ("collections", "functools", "heapq", "bisect", "itertools", "math", 
 #: Entries a run may leave in /tmp and /dev/shm; more, and the zygote retires rather than spend long cleaning.
 _MAX_LEFT_ENTRIES = 10000
 _PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
+#: Set by the zygote in its children: the C library, and the modes of the directories a run may write.
+_libc = None
+_writable_modes = None
 
 
 def zygote(control_fd):
@@ -461,6 +632,8 @@ def zygote(control_fd):
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     control = socket.socket(fileno=control_fd)
     modes = {path: os.stat(path).st_mode & 0o7777 for path in ("/tmp", "/dev/shm")}
+    global _libc, _writable_modes
+    _libc, _writable_modes = libc, modes
     # First calls pay one-time set-up (compile's alone about 0.7 ms): paid here, once, rather than by every child.
     warm_up = "def _f(x):\n    return [f'{i}' for i in range(x)] + list({1: 2.5}.items())\n_f(3)\n"
     exec(compile(warm_up, "<zygote>", "exec"), {"__builtins__": builtins})
@@ -514,9 +687,25 @@ def _zygote_child(fds, libc):
 
 def _end_run(modes):
     """Kill and reap what the run left, empty the writable directories; whether the sandbox is as it was."""
+    if not _kill_others("1") or not _empty_writable(modes):
+        return False
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}", "rb") as f:
+                if len(f.read().splitlines()) > 1:
+                    return False
+        except OSError:
+            pass
+    return True
+
+
+def _kill_others(*keep):
+    """Kill (``kill(-1)``: every process this one may signal but the namespace's PID 1) and reap every process of
+    the PID namespace but those in ``keep`` (pids as text); whether none is left after a few rounds. Only in a
+    PID namespace whose PID 1 is the zygote: anywhere else ``kill(-1)`` would reach the host's processes."""
     for _ in range(10):
         try:  # noqa: SIM105 - as in _finish
-            os.kill(-1, 9)  # from PID 1: every other process of the namespace
+            os.kill(-1, 9)
         except OSError:
             pass
         while True:
@@ -526,10 +715,12 @@ def _end_run(modes):
                 break
             except InterruptedError:
                 continue
-        if not [name for name in os.listdir("/proc") if name.isdigit() and name != "1"]:
-            break
-    else:
-        return False
+        if not [name for name in os.listdir("/proc") if name.isdigit() and name not in keep]:
+            return True
+    return False
+
+
+def _empty_writable(modes):
     for path, mode in modes.items():
         try:
             os.chmod(path, mode)
@@ -537,13 +728,6 @@ def _end_run(modes):
             return False
         if not _empty(path):
             return False
-    for kind in ("shm", "sem", "msg"):
-        try:
-            with open(f"/proc/sysvipc/{kind}", "rb") as f:
-                if len(f.read().splitlines()) > 1:
-                    return False
-        except OSError:
-            pass
     return True
 
 

@@ -99,11 +99,21 @@ class SandboxPool:
         """Run ``job`` in a fresh sandbox; raises ``SandboxUnavailable`` when no sandbox could be had.
         ``timeout_s`` (at most the limits' own) is the run's wall-clock limit."""
         limits = self.spec.limits
+        return self._run(job, stdin, limits.output_bytes, _within(limits.timeout_s, timeout_s))
+
+    def run_tests(self, job: dict, output_bytes: int, timeout_s: float) -> RunOutput:
+        """Run a job that runs several tests one after another, each within the limits' wall clock
+        (``stdio_tests``, reused sandboxes only): the whole run gets ``timeout_s`` and ``output_bytes``."""
+        if not self.reuse:
+            raise ValueError("a run of several tests needs reused sandboxes")
+        return self._run(job, b"", output_bytes, timeout_s)
+
+    def _run(self, job: dict, stdin: bytes, output_bytes: int, timeout_s: float) -> RunOutput:
         with self._slots:
             for attempt in range(2):
                 sandbox = self._take()
                 try:
-                    return sandbox.run(job, stdin, limits.output_bytes, _within(limits.timeout_s, timeout_s))
+                    return sandbox.run(job, stdin, output_bytes, timeout_s)
                 except ZygoteGone:
                     # The sandbox ended without the program's doing (it was gone before the run, or its zygote
                     # failed): once more in another; then it is the infrastructure failure it is.
