@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 from roll_pipeline.config import load_config
 from roll_pipeline.driver.cli import main
 from roll_pipeline.driver.pipeline import RLVRPipeline
-from roll_pipeline.driver.report import CHART_FILE, table_file
+from roll_pipeline.driver.report import CHART_FILE, prompts_file, table_file
+from roll_pipeline.driver.significance import intervals, outcomes_from_table
 from roll_pipeline.tracking.mlflow_tracker import server_reachable
 from tests.conftest import EXAMPLES, ROOT
 from tests.test_pipeline_integration import SMALL
@@ -177,12 +178,14 @@ def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, caps
     tags = run.data.tags
     assert tags["roll.model.build_seed"] == "0" and len(tags["roll.model.sha256"]) == 64
     assert tags["roll.validation.mode"] == "sampled" and tags["domains"] == "math,code"
+    # 4 prompts a tag cannot show a significant change (4 discordant prompts at most: p >= 0.125)
+    assert tags["val_regressed"] == "none" and tags["val_ci/all"].endswith("n=8")
     assert len(tags["roll.data.val.1.sha256"]) == 64
     top = {f.path for f in client.list_artifacts(run_id)}
     assert "resolved_config.json" in top
     assert {f.path for f in client.list_artifacts(run_id, "validation")} == {
         table_file(s) for s in (0, 1, 2)
-    } | {CHART_FILE}
+    } | {prompts_file(s) for s in (0, 1, 2)} | {CHART_FILE}
     logged = json.loads(tags["mlflow.loggedArtifacts"])
     assert {"path": table_file(2), "type": "table"} in logged
 
@@ -203,6 +206,20 @@ def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, caps
             want = sum(v == "correct" for v in verdicts) / len(verdicts)
             (got,) = [m.value for m in client.get_metric_history(run_id, f"val_correct/{scope}/mean") if m.step == step]
             assert got == pytest.approx(want), (step, scope)
+        # every prompt's outcome, as the per-prompt table has it, and the intervals and changes built on them
+        outcomes = outcomes_from_table(
+            json.loads(Path(client.download_artifacts(run_id, prompts_file(step), str(tmp_path))).read_text())
+        )
+        for key, outcome in outcomes.items():
+            domain, pid = key.split("/", 1)
+            mine = [r for r in rows if r["domain"] == domain and r["prompt_id"] == pid and r["verdict"] != "masked"]
+            assert (outcome.correct, outcome.scored) == (sum(r["verdict"] == "correct" for r in mine), len(mine))
+        for scope, interval in intervals(outcomes).items():
+            for end in ("low", "high"):
+                (got,) = [m.value for m in client.get_metric_history(run_id, f"val_ci/{scope}/{end}") if m.step == step]
+                assert got == pytest.approx(getattr(interval, end)), (step, scope, end)
+        paired = [m.value for m in client.get_metric_history(run_id, "val_change/all/paired") if m.step == step]
+        assert paired == ([] if step == 0 else [float(len(outcomes))])  # compared with the validation before
         for domain in ("math", "code"):
             verdicts = [r["verdict"] for r in rows if r["domain"] == domain and r["verdict"] != "masked"]
             (got,) = [

@@ -26,7 +26,8 @@ from roll_pipeline.data.loading import RunData
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
 from roll_pipeline.driver.run_state import Rollout, RunState
 from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
-from roll_pipeline.driver.validation import answer_keys, rollout_metrics, validation_metrics
+from roll_pipeline.driver.significance import PromptOutcome, prompt_outcomes, validation_significance
+from roll_pipeline.driver.validation import answer_keys, metric_name_part, rollout_metrics, validation_metrics
 from roll_pipeline.tracking.metadata import run_tags
 from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
 from roll_pipeline.tracking.spool import SPOOL_DIRNAME
@@ -60,6 +61,8 @@ class RLVRPipeline(ClusterRuntime, RunState):
         self.cfg = resolved.config
         self.tracker: MlflowTracker | None = None
         self.history: dict[int, dict[str, float]] = {}
+        #: The last validation's per-prompt outcomes, which the next one is compared with.
+        self.val_outcomes: dict[str, PromptOutcome] | None = None
         self.global_step = 0
         self.resumed_from: Path | None = None
         self.weights_version = 0
@@ -379,10 +382,21 @@ class RLVRPipeline(ClusterRuntime, RunState):
                 for r, p, g in zip(self._records(batch), prompts, batch.meta["ground_truth"], strict=True)
             ]
         metrics = validation_metrics(records, self.answer_keys)
+        outcomes = prompt_outcomes(records, metric_name_part)
+        significance, tags = validation_significance(outcomes, self.val_outcomes, v.regression_alpha, v.confidence)
+        metrics |= significance
+        if tags.get("val_regressed", "none") != "none":
+            logger.warning(
+                "validation at step %d: tags %s regressed significantly since the last validation (val_change/*)",
+                self.global_step,
+                tags["val_regressed"],
+            )
         if self.tracker:
             history = {**self.history, self.global_step: metrics}
             rows = self.cfg.tracking.sample_rows_per_tag
-            log_validation_artifacts(self.tracker, self.global_step, records, history, rows)
+            log_validation_artifacts(self.tracker, self.global_step, records, history, rows, outcomes)
+            self.tracker.set_tags(tags)
+        self.val_outcomes = outcomes
         return metrics
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ And every `tracking.logging_steps` steps, `train_samples/step_<N>.json`: that st
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 from collections import defaultdict
@@ -22,6 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from roll_pipeline.driver.significance import (
+    ALL,
+    Interval,
+    PromptOutcome,
+    compare,
+    intervals,
+    outcomes_from_table,
+    outcomes_table,
+)
 from workers.rewards.scored import ScoredSample
 
 TABLE_DIR = "validation"
@@ -30,6 +40,10 @@ CHART_FILE = "validation/accuracy_by_tag.png"
 
 def table_file(step: int) -> str:
     return f"{TABLE_DIR}/samples_step_{step:06d}.json"
+
+
+def prompts_file(step: int) -> str:
+    return f"{TABLE_DIR}/prompts_step_{step:06d}.json"
 
 
 def verdict(correct: bool | None) -> str:
@@ -170,11 +184,15 @@ def log_validation_artifacts(
     records: Sequence[ScoredSample],
     history: Mapping[int, Mapping[str, float]],
     rows_per_tag: int,
+    outcomes: Mapping[str, PromptOutcome] | None = None,
 ) -> None:
-    """The sample table of this validation and the accuracy chart over `history` (this step included)."""
+    """The sample table of this validation, the accuracy chart over `history` (this step included) and every
+    prompt's outcome (what `roll report` pairs two validations by)."""
     if rows_per_tag:
         tracker.log_table(sample_table(records, rows_per_tag), table_file(step))
     tracker.log_file(accuracy_chart(history), CHART_FILE)
+    if outcomes is not None:
+        tracker.log_dict(outcomes_table(outcomes), prompts_file(step))
 
 
 # ------------------------------------------------------------------------------------------- roll report
@@ -216,7 +234,9 @@ def load_report(target: str, uri: str | None = None) -> RunReport:
     latest = {
         k: v
         for k, v in run.data.metrics.items()
-        if k.startswith(("val_correct/", "val_response_length/", "val_truncated/", "val_prompts/"))
+        if k.startswith(
+            ("val_correct/", "val_response_length/", "val_truncated/", "val_prompts/", "val_ci/", "val_change/")
+        )
     }
     accuracy = {}
     for key in latest:
@@ -261,13 +281,22 @@ def format_report(report: RunReport, max_columns: int = 8) -> str:
     columns = [("mean@k", "val_correct/{}/mean", ".3f")]
     columns += [(s.replace("_at_", "@"), "val_correct/{}/" + s, ".3f") for s in suffixes]
     columns += [
+        ("ci_low", "val_ci/{}/low", ".3f"),
+        ("ci_high", "val_ci/{}/high", ".3f"),
         ("length", "val_response_length/{}/mean", ".1f"),
         ("truncated", "val_truncated/{}/rate", ".3f"),
         ("prompts", "val_prompts/{}/count", ".0f"),
     ]
+    if any(k.startswith("val_change/") for k in report.latest):
+        columns += [
+            ("change", "val_change/{}/difference", "+.3f"),
+            ("p_holm", "val_change/{}/p_adjusted", ".3f"),
+            ("regressed", "val_change/{}/regressed", ".0f"),
+        ]
     lines += [
         "",
-        f"at the last validation (step {steps[-1]})",
+        f"at the last validation (step {steps[-1]}; ci: Wilson interval over prompts; change: prompts solved"
+        " against the validation before, p_holm: McNemar, Holm-adjusted over the tags)",
         f"{'tag':<{width}}" + "".join(f"{name:>11}" for name, _, _ in columns),
     ]
     for scope in scopes:
@@ -276,3 +305,75 @@ def format_report(report: RunReport, max_columns: int = 8) -> str:
             f"{scope:<{width}}" + "".join(f"{'-':>11}" if v is None else f"{v:>11{fmt}}" for v, fmt in values)
         )
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ roll report A B
+
+
+def last_validation_outcomes(report: RunReport) -> tuple[int, dict[str, PromptOutcome]]:
+    """The step of a run's last validation and its per-prompt outcomes (``validation/prompts_step_<N>.json``)."""
+    import tempfile
+
+    from mlflow.tracking import MlflowClient
+
+    steps = sorted({step for series in report.accuracy.values() for step in series})
+    if not steps:
+        raise ValueError(f"run {report.run_id} has no validation")
+    client = MlflowClient(tracking_uri=report.uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(report.run_id, prompts_file(steps[-1]), tmp)
+        except Exception as err:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
+            raise ValueError(
+                f"run {report.run_id} has no per-prompt outcomes for its last validation (step {steps[-1]}): it "
+                f"was validated by an older version, or the artifact {prompts_file(steps[-1])} did not arrive "
+                f"({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+            ) from None
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    return steps[-1], outcomes_from_table(table)
+
+
+def format_comparison(
+    a: RunReport,
+    b: RunReport,
+    outcomes_a: tuple[int, Mapping[str, PromptOutcome]],
+    outcomes_b: tuple[int, Mapping[str, PromptOutcome]],
+    alpha: float = 0.05,
+    confidence: float = 0.95,
+) -> str:
+    """Two runs' last validations, tag by tag: each accuracy with its Wilson interval, and the paired comparison
+    of the prompts both judged (McNemar's exact test, Holm-adjusted over the tags), flagged where significant."""
+    (step_a, before), (step_b, after) = outcomes_a, outcomes_b
+    ci_a, ci_b = intervals(before, confidence), intervals(after, confidence)
+    changes = compare(before, after, alpha)
+    scopes = sorted(set(ci_a) | set(ci_b), key=lambda s: (s != ALL, s))
+    width = max(12, *(len(s) + 2 for s in scopes))
+    lines = [
+        f"A: run {a.run_name} ({a.run_id}), last validation at step {step_a}",
+        f"B: run {b.run_name} ({b.run_id}), last validation at step {step_b}",
+        "",
+        f"accuracy [{confidence:.0%} Wilson interval over prompts]; paired: prompts judged in both;",
+        "B-A: change in the share of paired prompts solved; p_holm: McNemar's exact test, Holm-adjusted over the",
+        f"tags; flagged where p_holm < {alpha:g}",
+        "",
+        f"{'tag':<{width}}{'A':>24}{'B':>24}{'paired':>8}{'B-A':>8}{'p_holm':>8}  flag",
+    ]
+    for scope in scopes:
+        cells = [ci_text(ci_a.get(scope)), ci_text(ci_b.get(scope))]
+        change = changes.get(scope)
+        if change is None:
+            tail = f"{0:>8}{'-':>8}{'-':>8}  no prompt in both"
+        else:
+            flag = ""
+            if change.p_adjusted < alpha:
+                flag = "B worse" if change.solved_after < change.solved_before else "B better"
+            tail = f"{change.paired:>8}{change.difference:>+8.3f}{change.p_adjusted:>8.3f}  {flag}"
+        lines.append(f"{scope:<{width}}" + "".join(f"{c:>24}" for c in cells) + tail)
+    return "\n".join(lines)
+
+
+def ci_text(interval: Interval | None) -> str:
+    if interval is None:
+        return "-"
+    return f"{interval.accuracy:.3f} [{interval.low:.2f}, {interval.high:.2f}]"

@@ -12,6 +12,7 @@ import torch
 
 from roll_pipeline.batch import Batch
 from roll_pipeline.driver.checkpoint import checkpoint_root, config_changes, read_state, write_checkpoint
+from roll_pipeline.driver.significance import outcomes_from_table, outcomes_table
 from workers.base import load_rng_states, rng_states
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class RunState:
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "reward_moments": self.reward_moments.state_dict(),
             "history": {str(k): v for k, v in self.history.items()},
+            "val_outcomes": None if self.val_outcomes is None else outcomes_table(self.val_outcomes),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
             "mlflow_spool": str(self.tracker.spool.path.resolve()) if self.tracker else None,
             "config": self.resolved.to_dict(),
@@ -86,6 +88,8 @@ class RunState:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.reward_moments.load_state_dict(state["reward_moments"])
         self.history = {int(k): v for k, v in state["history"].items()}
+        saved_outcomes = state.get("val_outcomes")  # absent from checkpoints written before it was kept
+        self.val_outcomes = None if saved_outcomes is None else outcomes_from_table(saved_outcomes)
         self.global_step = state["step"]
         rngs = torch.load(checkpoint / RNG_FILE, weights_only=False)  # NumPy arrays and tuples inside
         load_rng_states(rngs["driver"])

@@ -12,14 +12,28 @@ from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error
 def cmd_report(args: argparse.Namespace) -> int:
     from mlflow.exceptions import MlflowException
 
-    from roll_pipeline.driver.report import format_report, load_report
+    from roll_pipeline.driver.report import (
+        format_comparison,
+        format_report,
+        last_validation_outcomes,
+        load_report,
+    )
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one small file per run
+    if not 0 < args.alpha < 1:
+        error(f"--alpha must be between 0 and 1, got {args.alpha}")
+        return EXIT_USAGE
     try:
         report = load_report(args.run, args.tracking_uri)
+        if args.other is None:
+            echo(format_report(report, max_columns=args.columns))
+            return 0
+        other = load_report(args.other, args.tracking_uri)
+        outcomes = [last_validation_outcomes(r) for r in (report, other)]
     except (ValueError, MlflowException) as exc:
         error(str(exc).splitlines()[0])
         return EXIT_USAGE
-    echo(format_report(report, max_columns=args.columns))
+    echo(format_comparison(report, other, *outcomes, alpha=args.alpha))
     return 0
 
 
@@ -71,8 +85,19 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `report`, `mlflow sync` and `ui` on the `roll` parser's subcommands."""
-    report = sub.add_parser("report", help="print a run's per-tag validation table")
+    report = sub.add_parser(
+        "report", help="print a run's per-tag validation table, or compare two runs' last validations tag by tag"
+    )
     report.add_argument("run", metavar="RUN_ID_OR_DIR", help="an MLflow run id, or a run's output_dir")
+    report.add_argument(
+        "other",
+        metavar="OTHER_RUN",
+        nargs="?",
+        help="a second run (id or output_dir): compare the two runs' last validations, paired by prompt",
+    )
+    report.add_argument(
+        "--alpha", type=float, default=0.05, help="flag a tag when its Holm-adjusted p-value is below this"
+    )
     report.add_argument(
         "--tracking-uri", help="where the run is (default: the run's own, or MLFLOW_TRACKING_URI)"
     )
