@@ -40,6 +40,7 @@ from roll_pipeline.batch import Batch
 from roll_pipeline.config import GeneratingArgs, PipelineConfig
 from roll_pipeline.data.loading import prompt_messages
 from schedulers.filters import filter_group
+from schedulers.ledger import DifficultyLedger
 from workers.actor_infer import StaleWeightsError
 from workers.rewards.base import reward_sample
 from workers.rewards.combine import Component, combine
@@ -179,6 +180,14 @@ class DynamicSamplingScheduler:
         """get_batch and validate calls so far; part of request ids and seeds."""
         self.bound_hits = 0
         self.scored_unique = self.scored_total = 0
+        ledger = cfg.dynamic_sampling.ledger
+        self.ledger = (
+            DifficultyLedger(
+                len(rows), streak=ledger.streak, retest_prob=ledger.retest_prob, seed=cfg.seed, domain=domain
+            )
+            if ledger.enabled
+            else None
+        )
 
     # ------------------------------------------------------------------------------------------- a step
 
@@ -199,6 +208,18 @@ class DynamicSamplingScheduler:
         generating: dict[asyncio.Task, tuple[str, int, list[tuple[int, int]], float]] = {}
         scoring: dict[asyncio.Task, None] = {}
         drawn = peak = 0
+        checks = skipped = 0
+
+        def draw() -> int:
+            # The next row, passing over those the ledger says are uniform (but never more than a whole epoch of
+            # them in one step: when every row is, they are drawn anyway).
+            nonlocal checks, skipped
+            while True:
+                (index,) = self.sampler.take(1)
+                checks += 1
+                if self.ledger is None or skipped >= len(self.rows) or not self.ledger.skip(index, call, checks):
+                    return index
+                skipped += 1
 
         def in_flight() -> int:
             return sum(len(draws) for _, _, draws, _ in generating.values())
@@ -220,7 +241,7 @@ class DynamicSamplingScheduler:
             while unresolved():
                 wave: list[tuple[int, int]] = []
                 while want_more(len(wave)):
-                    (index,) = self.sampler.take(1)
+                    index = draw()
                     wave.append((index, drawn))
                     drawn += 1
                 for draws in self._requests_of(wave, group_size):
@@ -261,8 +282,18 @@ class DynamicSamplingScheduler:
             last = kept[-1].order
             surplus += [g for g in dropped if g.order > last]
             dropped = [g for g in dropped if g.order < last]
-        metrics = self._metrics(kept, dropped, drawn, peak, aborted, bound, num_prompts, time.perf_counter() - start)
+        wall_s = time.perf_counter() - start
+        metrics = self._metrics(kept, dropped, drawn, peak, aborted, bound, num_prompts, wall_s)
         metrics[f"scheduler/{self.domain}/surplus"] = float(len(surplus))
+        if self.ledger is not None:
+            # Every scored group counts (kept, dropped or surplus), applied in draw order so that the ledger does
+            # not depend on which group's scoring finished first.
+            for g in sorted(kept + dropped + surplus, key=lambda g: g.order):
+                self.ledger.record(g.index, [r.correct for r in g.results])
+            metrics[f"scheduler/{self.domain}/skipped_by_ledger"] = float(skipped)
+            # What generating them would have cost at this step's rate: an estimate, from seconds per drawn prompt.
+            metrics[f"scheduler/{self.domain}/ledger_s_saved_est"] = skipped * wall_s / max(drawn, 1)
+            metrics[f"scheduler/{self.domain}/ledger_uniform_rows"] = float(self.ledger.uniform_rows())
         metrics[f"scheduler/{self.domain}/infer_retries"] = float(self.infer_retries)
         metrics[f"scheduler/{self.domain}/reward_worker_failures"] = float(self.reward_failures)
         metrics[f"scheduler/{self.domain}/scored_unique_frac"] = self.scored_unique / max(self.scored_total, 1)
@@ -542,6 +573,7 @@ class DynamicSamplingScheduler:
             "pass_rate": self.pass_rate,
             "calls": self._calls_made,
             "bound_hits": self.bound_hits,
+            "ledger": None if self.ledger is None else self.ledger.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -551,6 +583,8 @@ class DynamicSamplingScheduler:
         self.pass_rate = state["pass_rate"]
         self._calls_made = state["calls"]
         self.bound_hits = state["bound_hits"]
+        if self.ledger is not None and state.get("ledger") is not None:
+            self.ledger.load_state_dict(state["ledger"])
 
 
 def prompt_rows(output: dict[str, Any], k: int, group_size: int) -> dict[str, Any]:

@@ -438,6 +438,24 @@ class ValidationConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LedgerConfig:
+    """The difficulty ledger (schedulers/ledger.py): rows whose recent groups were uniform (all right or all
+    wrong) are passed over before they are generated, with a re-test probability so they can come back."""
+
+    enabled: bool = False
+    streak: int = 1
+    """Uniform groups in a row (all right, or all wrong) after which a row is skipped when drawn."""
+    retest_prob: float = 0.25
+    """Chance that a skipped row is generated anyway, to see whether it is still uniform."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.streak < 1:
+            yield "streak", "must be >= 1"
+        if not 0 < self.retest_prob <= 1:
+            yield "retest_prob", "must be in (0, 1] (0 would never let a skipped row come back)"
+
+
+@dataclass(frozen=True, kw_only=True)
 class DynamicSamplingConfig:
     """How each domain's scheduler fills its share of a step (the filters themselves are per domain, under
     rewards.<domain>.group_filters and response_filters)."""
@@ -457,6 +475,8 @@ class DynamicSamplingConfig:
     """At the bound with too few groups passed: `train_on_passed` fills the empty slots with dropped groups whose
     samples are masked out of the loss, logs a warning and scheduler/<domain>/bound_hit = 1; `error` stops the
     run with an error naming the domain and its filters."""
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    """Skip rows whose recent groups were uniform before generating them (off by default)."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
         if self.max_running_requests < 1:

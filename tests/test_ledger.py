@@ -1,0 +1,106 @@
+"""The difficulty ledger (schedulers/ledger.py) on its own, and in the scheduler actor on a real local Ray
+cluster with scripted responses: uniform rows are passed over before generation, come back by re-test, and the
+ledger resumes exactly from the scheduler's state."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from schedulers.ledger import DifficultyLedger
+from tests.test_dynamic_sampling import ARGS, N, config, rows_of, scheduler, scripted
+
+
+def ledger(streak=1, retest_prob=0.25, size=10):
+    return DifficultyLedger(size, streak=streak, retest_prob=retest_prob, seed=3, domain="math")
+
+
+def test_streaks_count_uniform_groups_and_reset_on_a_mixed_one():
+    book = ledger(streak=2)
+    book.record(0, [True, True])
+    assert book.streaks == {0: 1} and not book.uniform(0)
+    book.record(0, [True, None, True])  # masked responses are left out
+    assert book.streaks == {0: 2} and book.uniform(0)
+    book.record(0, [False, False])  # the other way: a new streak
+    assert book.streaks == {0: -1}
+    book.record(0, [True, False])
+    assert book.streaks == {} and not book.uniform(0)
+    book.record(1, [None, None])  # nothing scored: says nothing
+    assert book.streaks == {}
+    book.record(1, [False])
+    book.record(1, [False])
+    assert book.uniform(1) and book.uniform_rows() == 1
+
+
+def test_skips_only_uniform_rows_and_lets_about_retest_prob_of_them_through():
+    book = ledger(retest_prob=0.25)
+    book.record(0, [True] * 4)
+    assert not any(book.skip(1, call=0, check=c) for c in range(1000))  # never seen: never skipped
+    through = sum(not book.skip(0, call=c // 100, check=c % 100) for c in range(10000))
+    # Binomial(10000, 0.25): standard deviation 43; 5 of them either way.
+    assert abs(through - 2500) < 5 * 43
+    # The draws are a pure function of seed, domain, call and counter: deterministic.
+    again = ledger(retest_prob=0.25)
+    again.record(0, [True])
+    assert [book.skip(0, 7, c) for c in range(200)] == [again.skip(0, 7, c) for c in range(200)]
+    assert not any(ledger(retest_prob=1.0).skip(0, 0, c) for c in range(100))
+
+
+def test_state_round_trips_and_refuses_other_data():
+    book = ledger()
+    book.record(3, [True])
+    book.record(4, [False, False])
+    other = ledger()
+    other.load_state_dict(book.state_dict())
+    assert other.streaks == {3: 1, 4: -1}
+    with pytest.raises(ValueError, match="the data changed"):
+        ledger(size=11).load_state_dict(book.state_dict())
+
+
+def steps(actor, n, share=3):
+    out = []
+    for _ in range(n):
+        batch, m = ray.get(actor.get_batch.remote(share, N, ARGS))
+        out.append(([int(i[1:]) for i in batch.meta["id"][::N]], m))
+    return out
+
+
+def counts(run):
+    keys = ("prompts_drawn", "groups_dropped", "skipped_by_ledger", "ledger_uniform_rows")
+    return [(ids, [m.get(f"scheduler/math/{k}") for k in keys]) for ids, m in run]
+
+
+@pytest.mark.slow
+def test_the_scheduler_passes_over_uniform_rows_and_resumes_its_ledger(local_ray):
+    patterns = ["same1", "half", "same0"] * 8  # two rows in three give uniform groups (std_filter drops them)
+    common = ["deterministic=true", "dynamic_sampling.max_running_requests=4", "dynamic_sampling.max_prompts_factor=8"]
+    results = {}
+    for enabled in (False, True):
+        cfg = config(
+            [*common, f"dynamic_sampling.ledger.enabled={str(enabled).lower()}", "dynamic_sampling.ledger.retest_prob=0.1"],
+            group_filters="{std_filter: {}}",
+        )
+        actor, _ = scheduler(cfg, rows_of(patterns), scripted())
+        results[enabled] = steps(actor, 8)
+        if enabled:
+            state = ray.get(actor.state_dict.remote())
+            resumed, _ = scheduler(cfg, rows_of(patterns), scripted())
+            ray.get(resumed.load_state_dict.remote(state))
+            # The same draws, skips and batches after a resume as without one.
+            assert counts(steps(resumed, 3)) == counts(steps(actor, 3))
+    for run in results.values():
+        for ids, m in run:
+            assert m["scheduler/math/groups_kept"] == 3 and all(patterns[i] == "half" for i in ids)
+    off = [m for _, m in results[False]]
+    on = [m for _, m in results[True]]
+    assert all("scheduler/math/skipped_by_ledger" not in m for m in off)
+    # The first pass over the data (24 rows, ~9 drawn a step) fills the ledger; from then on uniform rows are
+    # mostly skipped before generation: fewer prompts generated and dropped for the same kept groups.
+    late = slice(4, 8)
+    dropped_off = sum(m["scheduler/math/groups_dropped"] for m in off[late])
+    dropped_on = sum(m["scheduler/math/groups_dropped"] for m in on[late])
+    assert dropped_on < dropped_off / 2, (dropped_on, dropped_off)
+    assert sum(m["scheduler/math/skipped_by_ledger"] for m in on[late]) > 0
+    assert on[-1]["scheduler/math/ledger_uniform_rows"] == 16  # every same1/same0 row, none of the half ones
+    # Re-tests: some uniform rows are still generated (and dropped) after the ledger knows them.
+    assert dropped_on > 0
