@@ -120,6 +120,7 @@ def trained(tmp_path_factory, tiny_model, mlflow_db):
                     *SMALL,
                     *SAMPLED_K2,
                     "tracking.sample_rows_per_tag=100",  # every response, so the metrics can be recomputed
+                    "reward_audit.every_steps=2",  # audits at steps 0 and 2
                     "max_steps=2",
                     "eval_steps=1",
                     "save_steps=2",
@@ -158,6 +159,10 @@ def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, caps
     assert "val_correct/list/maj_at_2" not in run.data.metrics  # programs are not voted on
     for domain in ["math", "code"]:
         assert 0.0 <= run.data.metrics[f"val_domain/{domain}/correct_mean"] <= 1.0
+    # reward audits at step 0 and every 2 steps: both panels pass on the live workers
+    for domain in ("math", "code"):
+        audit = [(m.step, m.value) for m in client.get_metric_history(run_id, f"reward_audit/{domain}/pass")]
+        assert sorted(audit) == [(0, 1.0), (2, 1.0)], domain
     # training and system metrics, per step
     for key in [
         "reward/math/score",

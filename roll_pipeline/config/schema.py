@@ -456,6 +456,27 @@ class LedgerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RewardAuditConfig:
+    """Reward audits during a run (roll_pipeline/driver/reward_audit.py): every reward worker with an audit panel
+    scores it at step 0 and every `every_steps` steps; judges are checked against the math rule."""
+
+    every_steps: int = 0
+    """0: no audits."""
+    on_change: Literal["stop", "warn"] = "stop"
+    """When a panel item gets a verdict other than its known one: stop the run with an error naming the items,
+    or log a warning and go on."""
+    judge_items: int = 8
+    """Rule-checkable items (the math panel's right and wrong answers) a judge domain scores, to report how often
+    it agrees with the rule; 0: none."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.every_steps < 0:
+            yield "every_steps", "must be >= 0 (0: no audits)"
+        if self.judge_items < 0:
+            yield "judge_items", "must be >= 0"
+
+
+@dataclass(frozen=True, kw_only=True)
 class DynamicSamplingConfig:
     """How each domain's scheduler fills its share of a step (the filters themselves are per domain, under
     rewards.<domain>.group_filters and response_filters)."""
@@ -726,6 +747,7 @@ class PipelineConfig:
     """Required when adv_estimator is gae."""
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    reward_audit: RewardAuditConfig = field(default_factory=RewardAuditConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 

@@ -24,6 +24,7 @@ from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import ResolvedConfig
 from roll_pipeline.data.loading import RunData
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
+from roll_pipeline.driver.reward_audit import audit_plan, run_audit
 from roll_pipeline.driver.run_state import Rollout, RunState
 from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
 from roll_pipeline.driver.significance import PromptOutcome, prompt_outcomes, validation_significance
@@ -399,6 +400,15 @@ class RLVRPipeline(ClusterRuntime, RunState):
         self.val_outcomes = outcomes
         return metrics
 
+    def audit_rewards(self) -> dict[str, float]:
+        """Every audited reward scores its panel on its live workers (roll_pipeline/driver/reward_audit.py); raises
+        `RewardAuditError` when a verdict is not the known one and reward_audit.on_change is `stop`."""
+        audit = self.cfg.reward_audit
+        panels, judges = audit_plan(self.cfg)
+        return run_audit(
+            self.global_step, panels, judges, self.rewards, self.wait_for, audit.judge_items, audit.on_change
+        )
+
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
         """Train up to max_steps (from the restored step after `restore`); validate at the start, every
         eval_steps and at the end. Returns a summary."""
@@ -406,11 +416,19 @@ class RLVRPipeline(ClusterRuntime, RunState):
         start = time.perf_counter()
         status = "FAILED"
         try:
-            if cfg.validation.eval_at_start and self.has_validation and self.resumed_from is None:
-                self._log(0, self.validate())
+            if self.resumed_from is None:
+                first: dict[str, float] = {}
+                if cfg.reward_audit.every_steps:
+                    first |= self.audit_rewards()
+                if cfg.validation.eval_at_start and self.has_validation:
+                    first |= self.validate()
+                if first:
+                    self._log(0, first)
             for step in range(self.global_step + 1, cfg.max_steps + 1):
                 self.global_step = step
                 metrics = self.step()
+                if cfg.reward_audit.every_steps and step % cfg.reward_audit.every_steps == 0:
+                    metrics |= self.audit_rewards()
                 last = step == cfg.max_steps
                 if self.has_validation and (last or (cfg.eval_steps and step % cfg.eval_steps == 0)):
                     metrics |= self.validate()

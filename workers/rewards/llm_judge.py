@@ -279,6 +279,9 @@ class LLMJudgeScorer(RewardScorer):
     nothing to judge) and ``question_given`` (0 when the sample had no question).
     """
 
+    #: Reward audits check this scorer's verdicts against the math rule's on rule-checkable answers.
+    audit_as_judge = True
+
     preload_modules = (
         "requests",
         "workers.rewards.judge.client",
