@@ -56,6 +56,7 @@ LOSS_NORMALIZERS = Registry("loss normaliser")
 REWARD_NORMS = Registry("reward normalisation")
 GROUP_FILTERS = Registry("group filter")
 RESPONSE_FILTERS = Registry("response filter")
+DOMAIN_MIXERS = Registry("domain mixer")
 
 register_advantage = ADVANTAGES.register
 register_policy_loss = POLICY_LOSSES.register

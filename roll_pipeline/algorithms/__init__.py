@@ -1,9 +1,10 @@
 """Pure RL algorithm functions behind registries; importing this package registers them all."""
 
-from roll_pipeline.algorithms import advantages, aggregation, kl, policy_loss, shaping, value  # noqa: F401
+from roll_pipeline.algorithms import advantages, aggregation, kl, mixing, policy_loss, shaping, value  # noqa: F401
 from roll_pipeline.algorithms.aggregation import aggregate_loss, batch_normalizer
 from roll_pipeline.registry import (
     ADVANTAGES,
+    DOMAIN_MIXERS,
     KL_CONTROLLERS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
@@ -19,6 +20,7 @@ def needs_critic(adv_estimator: str) -> bool:
 
 __all__ = [
     "ADVANTAGES",
+    "DOMAIN_MIXERS",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",

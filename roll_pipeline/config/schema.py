@@ -456,6 +456,34 @@ class LedgerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DomainMixerConfig:
+    """How each step's prompts are divided among the domains (roll_pipeline/algorithms/mixing.py): `static`, the
+    shares of domain_interleave_probs every step; `progress`, shares that follow each domain's kept groups per
+    second of rollout (and its validation gains), starting from domain_interleave_probs."""
+
+    type: str = "static"
+    floor: float = 0.1
+    """Smallest probability a domain gets (floor x rollout_batch_size must be at least one prompt)."""
+    ceil: float = 0.9
+    """Largest probability a domain gets."""
+    strength: float = 1.0
+    """How strongly the rates move the shares: the exponent of a domain's rate relative to the mean."""
+    smoothing: float = 0.7
+    """Weight of the past in the moving average of each domain's rate (0: the last step alone)."""
+    validation_weight: float = 1.0
+    """Extra weight for a domain whose validation accuracy rose at the last validation (times the gain)."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        # `type` is checked against DOMAIN_MIXERS by the driver (roll_pipeline/driver/names.py).
+        if not 0 <= self.floor < self.ceil <= 1:
+            yield "floor", f"need 0 <= floor < ceil <= 1, got floor {self.floor}, ceil {self.ceil}"
+        if not 0 <= self.smoothing < 1:
+            yield "smoothing", "must be in [0, 1)"
+        if self.strength < 0 or self.validation_weight < 0:
+            yield "strength", "strength and validation_weight must be >= 0"
+
+
+@dataclass(frozen=True, kw_only=True)
 class RewardAuditConfig:
     """Reward audits during a run (roll_pipeline/driver/reward_audit.py): every reward worker with an audit panel
     scores it at step 0 and every `every_steps` steps; judges are checked against the math rule."""
@@ -748,6 +776,7 @@ class PipelineConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     reward_audit: RewardAuditConfig = field(default_factory=RewardAuditConfig)
+    domain_mixer: DomainMixerConfig = field(default_factory=DomainMixerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
@@ -895,6 +924,17 @@ class PipelineConfig:
                 if tag in seen:
                     yield f"rewards.{domain}.tag_included", f"tag {tag!r} is also routed to domain {seen[tag]!r}"
                 seen[tag] = domain
+        mixer = self.domain_mixer
+        if mixer.type != "static":
+            n = len(probs)
+            if not mixer.floor * n <= 1 <= mixer.ceil * n:
+                yield "domain_mixer.floor", f"with {n} domains need floor * {n} <= 1 <= ceil * {n}"
+            if mixer.floor * self.rollout_batch_size < 1:
+                yield (
+                    "domain_mixer.floor",
+                    f"floor {mixer.floor} x rollout_batch_size {self.rollout_batch_size} is under one prompt: a "
+                    "domain could get none (and its signals would stop)",
+                )
         if all(0 < p <= 1 for p in probs.values()) and abs(total - 1.0) <= 1e-6:
             for domain, share in domain_shares(probs, self.rollout_batch_size).items():
                 if share == 0:

@@ -29,6 +29,7 @@ def name_problems(cfg: PipelineConfig) -> Iterator[tuple[str, str]]:
         ("kl_ctrl", algorithms.KL_CONTROLLERS),
         ("reward_shaping.norm_mean_type", algorithms.REWARD_NORMS),
         ("reward_shaping.norm_std_type", algorithms.REWARD_NORMS),
+        ("domain_mixer.type", algorithms.DOMAIN_MIXERS),
     ]
     for key, registry in named:
         section, _, field = key.rpartition(".")

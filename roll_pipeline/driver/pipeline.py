@@ -15,13 +15,14 @@ from typing import Any
 import torch
 from ray.exceptions import RayActorError
 
-from roll_pipeline.algorithms import ADVANTAGES, KL_CONTROLLERS
+from roll_pipeline.algorithms import ADVANTAGES, DOMAIN_MIXERS, KL_CONTROLLERS
 from roll_pipeline.algorithms.advantages import advantage_metrics, place_at_last_token, postprocess_advantages
 from roll_pipeline.algorithms.kl import kl_penalty_rewards
+from roll_pipeline.algorithms.mixing import MixState, observe_rollout, observe_validation
 from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
 from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
 from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.config import ResolvedConfig
+from roll_pipeline.config import ResolvedConfig, domain_shares
 from roll_pipeline.data.loading import RunData
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
 from roll_pipeline.driver.reward_audit import audit_plan, run_audit
@@ -73,6 +74,8 @@ class RLVRPipeline(ClusterRuntime, RunState):
         self.is_async = self.cfg.async_generation_ratio > 0
         self.next_rollout: Rollout | None = None
         """Async: the next step's rollout, launched during this step."""
+        self.mix_state = MixState()
+        """What the domain mixer has measured (roll_pipeline/algorithms/mixing.py); checkpointed."""
         self.owns_ray = False
         # Algorithm state carried from step to step (to be checkpointed with the run).
         self.reward_moments = DomainRewardMoments()
@@ -181,16 +184,27 @@ class RLVRPipeline(ClusterRuntime, RunState):
         self.offload_trained_states()
         n = self.cfg.num_return_sequences_in_group
         args = self.cfg.actor_infer.generating_args
-        shares = self.resolved.domain_shares
+        probs, shares = self.domain_mix()
         refs = {d: self.schedulers[d].get_batch.remote(share, n, args) for d, share in shares.items()}
-        return Rollout(version=self.weights_version, refs=refs)
+        mix = {f"mix/{d}": p for d, p in probs.items()} | {f"mix/{d}/prompts": float(k) for d, k in shares.items()}
+        return Rollout(version=self.weights_version, refs=refs, metrics=mix)
+
+    def domain_mix(self) -> tuple[dict[str, float], dict[str, int]]:
+        """This rollout's domain probabilities (the domain mixer's, from what it has measured so far) and the
+        prompt shares they give."""
+        mixer = self.cfg.domain_mixer
+        if mixer.type == "static":
+            return dict(self.cfg.domain_interleave_probs), dict(self.resolved.domain_shares)
+        params = {k: getattr(mixer, k) for k in ("floor", "ceil", "strength", "validation_weight")}
+        probs = DOMAIN_MIXERS.get(mixer.type)(self.cfg.domain_interleave_probs, self.mix_state, **params)
+        return probs, domain_shares(probs, self.cfg.rollout_batch_size)
 
     def finish_rollout(self, rollout: Rollout) -> Rollout:
         """Wait for a launched rollout; its parts become one batch, group ids numbered over the whole batch."""
         if rollout.batch is not None:
             return rollout
         n = self.cfg.num_return_sequences_in_group
-        parts, metrics = [], {}
+        parts, metrics = [], dict(rollout.metrics or {})
         names = [f"scheduler[{d}].get_batch" for d in rollout.refs]
         results = self.wait_for(list(rollout.refs.values()), names)
         for domain, (part, scheduler_metrics) in zip(rollout.refs, results, strict=True):
@@ -202,6 +216,8 @@ class RLVRPipeline(ClusterRuntime, RunState):
         if (infer.strategy_args.strategy_name == "vllm" or infer.offload_states) and not self.is_async:
             self.actor_infer.call("offload")  # colocated training gets the GPU memory back
         metrics |= rollout_metrics("all", self._records(batch))
+        mixer = self.cfg.domain_mixer
+        observe_rollout(self.mix_state, metrics, list(rollout.refs), mixer.smoothing)
         return Rollout(version=rollout.version, batch=batch, metrics=metrics)
 
     def offload_trained_states(self) -> None:
@@ -398,6 +414,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             log_validation_artifacts(self.tracker, self.global_step, records, history, rows, outcomes)
             self.tracker.set_tags(tags)
         self.val_outcomes = outcomes
+        observe_validation(self.mix_state, metrics, list(self.cfg.domain_interleave_probs))
         return metrics
 
     def audit_rewards(self) -> dict[str, float]:

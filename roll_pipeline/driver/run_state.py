@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from roll_pipeline.algorithms.mixing import MixState
 from roll_pipeline.batch import Batch
 from roll_pipeline.driver.checkpoint import checkpoint_root, config_changes, read_state, write_checkpoint
 from roll_pipeline.driver.significance import outcomes_from_table, outcomes_table
@@ -66,6 +67,7 @@ class RunState:
             "reward_moments": self.reward_moments.state_dict(),
             "history": {str(k): v for k, v in self.history.items()},
             "val_outcomes": None if self.val_outcomes is None else outcomes_table(self.val_outcomes),
+            "mixer": self.mix_state.state_dict(),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
             "mlflow_spool": str(self.tracker.spool.path.resolve()) if self.tracker else None,
             "config": self.resolved.to_dict(),
@@ -90,6 +92,8 @@ class RunState:
         self.history = {int(k): v for k, v in state["history"].items()}
         saved_outcomes = state.get("val_outcomes")  # absent from checkpoints written before it was kept
         self.val_outcomes = None if saved_outcomes is None else outcomes_from_table(saved_outcomes)
+        if state.get("mixer") is not None:
+            self.mix_state = MixState.from_state(state["mixer"])
         self.global_step = state["step"]
         rngs = torch.load(checkpoint / RNG_FILE, weights_only=False)  # NumPy arrays and tuples inside
         load_rng_states(rngs["driver"])
