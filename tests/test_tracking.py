@@ -367,11 +367,13 @@ def test_format_report_shows_every_tag_at_every_step():
         "maj@2",
         "pass@1",
         "pass@2",
+        "ci_low",
+        "ci_high",
         "length",
         "truncated",
         "prompts",
     ]
-    assert lines[last + 2].split() == ["add", "0.500", "0.500", "0.500", "0.750", "-", "-", "8"]
+    assert lines[last + 2].split() == ["add", "0.500", "0.500", "0.500", "0.750", "-", "-", "-", "-", "8"]
 
 
 def test_report_command_reads_a_run_from_its_output_dir(tmp_path, file_store, capsys):

@@ -70,15 +70,17 @@ def clip_probs(weights: Mapping[str, float], floor: float, ceil: float) -> dict[
         mass = 1.0 - sum(fixed.values())
         total = sum(free.values())
         probs = {d: mass * w / total if total > 0 else mass / len(free) for d, w in free.items()}
-        low = {d for d, p in probs.items() if p < floor}
+        # The domains over the ceiling are fixed first (what they give up goes to the others), then those under
+        # the floor; one side a round, so a round never fixes more mass than there is.
         high = {d for d, p in probs.items() if p > ceil}
+        low = {d for d, p in probs.items() if p < floor} if not high else set()
         if not low and not high:
             return {d: fixed.get(d, probs.get(d)) for d in weights}
-        for d in low:
-            fixed[d] = floor
-            free.pop(d)
         for d in high:
             fixed[d] = ceil
+            free.pop(d)
+        for d in low:
+            fixed[d] = floor
             free.pop(d)
         if not free:
             return {d: fixed[d] / sum(fixed.values()) for d in weights}

@@ -302,7 +302,7 @@ def format_report(report: RunReport, max_columns: int = 8) -> str:
     for scope in scopes:
         values = [(report.latest.get(pattern.format(scope)), fmt) for _, pattern, fmt in columns]
         lines.append(
-            f"{scope:<{width}}" + "".join(f"{'-':>11}" if v is None else f"{v:>11{fmt}}" for v, fmt in values)
+            f"{scope:<{width}}" + "".join(f"{'-':>11}" if v is None else f"{format(v, fmt):>11}" for v, fmt in values)
         )
     return "\n".join(lines)
 
