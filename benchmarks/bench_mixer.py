@@ -76,10 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--eval-steps", type=int, default=10)
     parser.add_argument("--quiet-wait", type=float, default=60.0)
+    parser.add_argument(
+        "--out", default=None, help="keep the runs here (each with its MLflow store, for `roll report A B`)"
+    )
     args = parser.parse_args(argv)
     print(f"{wait_for_quiet(args.quiet_wait)}; {args.steps} steps, validation every {args.eval_steps}", flush=True)
     table: dict[str, list[dict[str, float]]] = {"progress": [], "static": []}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.out or scratch
         for r in range(args.repeats):
             progress, static = in_turn(
                 r,
