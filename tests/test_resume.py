@@ -55,6 +55,10 @@ VARIANTS = {
         "init_kl_coef": 0.05,
         "target_kl": 0.001,
         "kl_horizon": 100,
+        # ...and the difficulty ledger's streaks (saved with the scheduler), the last validation's per-prompt
+        # outcomes (the validation at step 6 is compared with step 3's), and reward audits every 2 steps.
+        "dynamic_sampling": {"ledger": {"enabled": True, "retest_prob": 0.5}},
+        "reward_audit": {"every_steps": 2},
     },
 }
 
@@ -80,7 +84,9 @@ def config(tmp_path: Path, tiny_model: Path, variant: str = "sync") -> Path:
     cfg["validation"] = {**cfg.get("validation", {}), "max_prompts": 8}
     cfg["actor_infer"]["generating_args"]["max_new_tokens"] = 16
     cfg["actor_train"]["training_args"] |= {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}
-    cfg |= VARIANTS[variant]
+    changes = dict(VARIANTS[variant])
+    cfg["dynamic_sampling"] = {**cfg.get("dynamic_sampling", {}), **changes.pop("dynamic_sampling", {})}
+    cfg |= changes
     path = tmp_path / "resume.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
