@@ -5,10 +5,12 @@ Hostile programs are in test_code_sandbox_hostile.py, remote mode in test_code_s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -601,3 +603,27 @@ def test_fixture_covers_all_three_formats():
     formats = [t["format"] for t in TASKS]
     assert len(TASKS) >= 50
     assert {f: formats.count(f) for f in set(formats)} == {"asserts": 18, "call": 18, "stdio": 18}
+
+
+def test_a_dead_workers_cgroup_is_removed_even_while_its_last_process_is_dying():
+    # A spare sandbox killed by the next scorer's start may still sit in its cgroup when the orphans are removed:
+    # the cgroup of a worker that is gone is emptied (its processes killed) and removed, not left behind.
+    from workers.rewards.sandbox.cgroup import add, find_memory_cgroups, remove_orphans
+
+    cgroups, why = find_memory_cgroups()
+    if cgroups is None:
+        pytest.skip(f"no memory cgroups here: {why}")
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer exists: the "worker" that made the cgroup
+    path = os.path.join(cgroups.base, f"roll-sandbox-{dead.pid}-1")
+    os.mkdir(path)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        add(path, sleeper.pid)
+        assert remove_orphans(cgroups.base) == [os.path.basename(path)]
+        assert not os.path.exists(path)
+        assert sleeper.wait(timeout=10) == -9  # killed with the cgroup
+    finally:
+        sleeper.kill()
+        with contextlib.suppress(OSError):
+            os.rmdir(path)

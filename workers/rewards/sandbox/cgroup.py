@@ -133,16 +133,40 @@ def remove(path: str, wait_s: float = 2.0) -> bool:
 
 def remove_orphans(base: str) -> list[str]:
     """Remove the sandbox cgroups that workers which no longer exist left behind (a worker killed by SIGKILL
-    cannot remove its own; the kernel has already emptied them); returns those removed."""
+    cannot remove its own); returns those removed. Usually the kernel has emptied them; a sandbox process still in
+    one (a spare sandbox whose bubblewrap was caught in its set-up, just killed by ``kill_orphaned_sandboxes`` and
+    not yet gone) belongs to no live worker: it is killed, and the cgroup removed once it has died."""
     removed = []
     with contextlib.suppress(OSError):
         for name in os.listdir(base):
             match = _NAME.fullmatch(name)
             if match is None or _alive(int(match.group(1))):
                 continue
-            if remove(os.path.join(base, name), wait_s=0.0):
+            path = os.path.join(base, name)
+            if remove(path, wait_s=0.0) or (_kill_members(path) and remove(path, wait_s=ORPHAN_WAIT_S)):
                 removed.append(name)
     return removed
+
+
+#: How long a cgroup left by a dead worker is waited for once its last processes have been killed.
+ORPHAN_WAIT_S = 5.0
+
+
+def _kill_members(path: str) -> bool:
+    """SIGKILL every process of the cgroup ``path`` (``cgroup.kill`` where the kernel has it); whether it tried."""
+    try:
+        _write(path, "cgroup.kill", 1)
+        return True
+    except OSError:
+        pass
+    try:
+        pids = Path(path, "cgroup.procs").read_text().split()
+    except OSError:
+        return False
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid), 9)
+    return True
 
 
 def _alive(pid: int) -> bool:
