@@ -193,8 +193,6 @@ class RLVRPipeline(ClusterRuntime, RunState):
         """This rollout's domain probabilities (the domain mixer's, from what it has measured so far) and the
         prompt shares they give."""
         mixer = self.cfg.domain_mixer
-        if mixer.type == "static":
-            return dict(self.cfg.domain_interleave_probs), dict(self.resolved.domain_shares)
         params = {k: getattr(mixer, k) for k in ("floor", "ceil", "strength", "validation_weight")}
         probs = DOMAIN_MIXERS.get(mixer.type)(self.cfg.domain_interleave_probs, self.mix_state, **params)
         return probs, domain_shares(probs, self.cfg.rollout_batch_size)
