@@ -594,5 +594,7 @@ def prompt_rows(output: dict[str, Any], k: int, group_size: int) -> dict[str, An
 
 
 def start_scheduler(domain: str, **kwargs: Any):
-    """The domain's scheduler as a Ray actor (asyncio; it needs no CPU of its own: it mostly waits)."""
-    return ray.remote(DynamicSamplingScheduler).options(num_cpus=0, name=None).remote(domain=domain, **kwargs)
+    """The domain's scheduler as a Ray actor (asyncio; it mostly waits, so it asks for ray.scheduler_num_cpus, a
+    fraction of a CPU)."""
+    cpus = kwargs["pipeline_config"].ray.scheduler_num_cpus
+    return ray.remote(DynamicSamplingScheduler).options(num_cpus=cpus, name=None).remote(domain=domain, **kwargs)

@@ -413,7 +413,7 @@ def test_a_run_with_colocated_device_mapped_clusters_completes(tmp_path, tiny_mo
         f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ]
     pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
-    start_local_ray(4, num_gpus=1, log_to_driver=False)
+    start_local_ray(5, num_gpus=1, log_to_driver=False)  # 4 workers and the schedulers
     try:
         pipeline.setup()
         (group,) = pipeline.device_pool.groups

@@ -245,7 +245,7 @@ def test_resume_restores_every_rng_state(tmp_path, tiny_model, mlflow_db):
         "deterministic=false", "max_steps=1", "save_steps=1", "eval_steps=0", "validation.eval_at_start=false",
         f"output_dir={tmp_path / 'run'}", f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ]
-    start_local_ray(4, log_to_driver=False)
+    start_local_ray(5, log_to_driver=False)  # 4 workers and the schedulers
     pipeline = RLVRPipeline(load_config(config(tmp_path, tiny_model), overrides))
     try:
         pipeline.setup()

@@ -9,7 +9,12 @@ import pytest
 
 from roll_pipeline.config import ConfigError, load_config
 from roll_pipeline.distributed.cluster import Cluster
-from roll_pipeline.distributed.waiting import RpcTimeoutError
+from roll_pipeline.distributed.waiting import (
+    ActorStartFailed,
+    ActorStartTimeout,
+    RpcTimeoutError,
+    wait_started,
+)
 from tests.conftest import EXAMPLES
 
 
@@ -23,6 +28,38 @@ class Stuck:
         if self.rank == 1:
             time.sleep(seconds)
         return self.rank
+
+
+class Refuses:
+    def __init__(self, name: str, rank: int, world_size: int) -> None:
+        raise RuntimeError(f"rank {rank} cannot start here: no such tool")
+
+
+def test_an_actor_that_cannot_be_placed_is_named_within_the_start_bound(local_ray):
+    # A custom resource no node offers: Ray keeps the actor pending for ever.
+    cluster = Cluster("reward_code", Stuck, world_size=2, num_cpus=0.1, num_gpus=0, worker_kwargs={},
+                      resources={"nowhere": 1})
+    try:
+        refs, names = cluster.ready_calls()
+        with pytest.raises(ActorStartTimeout, match=(
+            r"^2 actor\(s\) did not start within 2 s \(ray.actor_start_timeout_s\): reward_code\[0\].start, "
+            r"reward_code\[1\].start. The Ray cluster has \{'CPU': 4.0\} free"
+        )):
+            wait_started(refs, names, 2.0)
+    finally:
+        cluster.shutdown()
+
+
+def test_an_actor_whose_start_raises_is_named_with_its_error(local_ray):
+    cluster = Cluster("reward_code", Refuses, world_size=1, num_cpus=0.1, num_gpus=0, worker_kwargs={})
+    try:
+        with pytest.raises(ActorStartFailed) as info:
+            wait_started(*cluster.ready_calls(), 30.0)
+        assert str(info.value) == (
+            "actor(s) failed to start:\nreward_code[0].start: RuntimeError: rank 0 cannot start here: no such tool"
+        )
+    finally:
+        cluster.shutdown()
 
 
 def test_a_worker_that_does_not_answer_is_named_within_the_bound(local_ray):

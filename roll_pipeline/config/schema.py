@@ -102,6 +102,15 @@ TRAIN_STRATEGIES = ("deepspeed_train",)
 INFER_STRATEGIES = ("hf_infer", "vllm")
 
 
+def custom_resource_problems(resources: dict[str, float]) -> Iterator[tuple[str, str]]:
+    """Problems of a section's `resources` (custom Ray resources per worker)."""
+    for name, amount in resources.items():
+        if name in ("CPU", "GPU", "memory", "object_store_memory"):
+            yield "resources", f"{name!r} is set by num_cpus_per_worker / num_gpus_per_worker, not resources"
+        elif not isinstance(amount, int | float) or isinstance(amount, bool) or not amount > 0:
+            yield "resources", f"{name}: must be a number > 0, got {amount!r}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """Resources and model of one cluster of Ray workers that run the same role."""
@@ -125,6 +134,9 @@ class ClusterConfig:
     frees the memory between phases); disjoint mappings get separate GPUs. If one cluster has a mapping, every
     cluster that uses GPUs needs one. None: Ray places the workers by num_gpus_per_worker and `placement`.
     `roll run CONFIG --dry-run` prints the plan."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each worker asks for, to pin it to the nodes that offer them (`ray start
+    --resources='{"trainer": 8}'`), e.g. {trainer: 1}; CPU and GPU are num_cpus_per_worker/num_gpus_per_worker."""
     torch_threads: int = 2
     """torch intra-op threads per worker; the stages run one after another, so each may use the whole box."""
     infer_batch_size: int = 32
@@ -151,6 +163,7 @@ class ClusterConfig:
             yield "torch_threads", "must be >= 1"
         if self.infer_batch_size < 1:
             yield "infer_batch_size", "must be >= 1"
+        yield from custom_resource_problems(self.resources)
         if self.device_mapping is not None:
             yield from self._validate_device_mapping()
 
@@ -178,6 +191,8 @@ class ClusterConfig:
             yield "device_mapping", f"lists GPU(s) {repeated} more than once; a worker needs GPUs of its own"
         if self.placement != "default":
             yield "placement", "must be default with a device_mapping (the mapping decides where workers go)"
+        if self.resources:
+            yield "resources", "must be empty with a device_mapping (the GPU pool's bundles decide where workers go)"
         per_worker = self.num_gpus_per_worker
         if per_worker < 1 or per_worker != int(per_worker):
             yield (
@@ -276,6 +291,7 @@ class RewardComponentConfig:
     num_gpus_per_worker: float | None = None
     timeout_s: float | None = None
     num_processes: int | None = None
+    resources: dict[str, float] | None = None
 
     @property
     def label(self) -> str:
@@ -300,6 +316,10 @@ class RewardConfig:
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     """GPUs each reward worker asks Ray for (a reward model on a GPU); 0: it runs on the CPU."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each reward worker asks for, to pin it to the nodes that offer them, e.g.
+    {sandbox: 1} for code_sandbox workers on the nodes that have bubblewrap (`ray start --resources='{"sandbox":
+    4}'` there)."""
     timeout_s: float = 30.0
     """Per-sample scoring time limit; a sample that runs past it is masked, never scored 0."""
     num_processes: int = 2
@@ -336,6 +356,7 @@ class RewardConfig:
                 num_gpus_per_worker=self.num_gpus_per_worker if c.num_gpus_per_worker is None else c.num_gpus_per_worker,
                 timeout_s=self.timeout_s if c.timeout_s is None else c.timeout_s,
                 num_processes=self.num_processes if c.num_processes is None else c.num_processes,
+                resources=dict(self.resources if c.resources is None else c.resources),
             )
             for c in listed
         ]
@@ -350,6 +371,7 @@ class RewardConfig:
             yield "options", "with workers, each component has its own options: move them to workers[i].options"
         if self.num_gpus_per_worker < 0:
             yield "num_gpus_per_worker", "must be >= 0"
+        yield from custom_resource_problems(self.resources)
         if self.workers and self.workers[0].on_masked != "mask":
             yield "workers[0].on_masked", "the first component decides `correct` (accuracy), so it must be `mask`"
         names: set[str] = set()
@@ -371,6 +393,8 @@ class RewardConfig:
                     yield f"{where}.{key}", "must be >= 1"
             if c.timeout_s is not None and c.timeout_s <= 0:
                 yield f"{where}.timeout_s", "must be > 0"
+            for key, problem in custom_resource_problems(c.resources or {}):
+                yield f"{where}.{key}", problem
         if self.max_prompts_factor is not None and self.max_prompts_factor < 1:
             yield "max_prompts_factor", f"must be >= 1 (a domain must be able to draw its share), got {self.max_prompts_factor}"
         if self.world_size < 1:
@@ -583,6 +607,12 @@ class RayConfig:
     again (actor_infer gets the current weights first). A reward worker that stays dead has its samples masked
     (reward/<domain>/masked_worker_lost). actor_train and critic hold the training state and are not restarted:
     their death stops the run, which `roll run --resume` continues from the last checkpoint."""
+    scheduler_num_cpus: float = 0.05
+    """CPUs each domain's scheduler (a coordinating actor: it sends requests and collects results) asks Ray for:
+    a fraction, so that it is counted where it runs without holding back a worker's CPU."""
+    actor_start_timeout_s: float = 600.0
+    """The longest the driver waits for every actor of the run to be placed and started (its model loaded) before
+    the run stops with an error naming each one still waiting and what the cluster has free."""
     rpc_timeout_s: float | None = 3600.0
     """The longest the driver waits on any call to a worker (a step's rollout, a training step, a weight sync,
     a checkpoint) before the run stops with an error naming each worker that did not answer; None: no bound."""
@@ -594,6 +624,10 @@ class RayConfig:
             yield "num_gpus_per_node", "must be >= 1"
         if self.worker_restarts < 0:
             yield "worker_restarts", "must be >= 0"
+        if not 0 <= self.scheduler_num_cpus <= 1:
+            yield "scheduler_num_cpus", f"must be between 0 and 1 (a fraction of a CPU), got {self.scheduler_num_cpus}"
+        if self.actor_start_timeout_s <= 0:
+            yield "actor_start_timeout_s", f"must be > 0, got {self.actor_start_timeout_s}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,10 +38,11 @@ class Cluster:
         max_restarts: int = 0,
         max_task_retries: int = 0,
         rpc_timeout_s: float | None = DEFAULT_RPC_TIMEOUT_S,
+        resources: dict[str, float] | None = None,
     ) -> None:
         """`device_slots`: per rank, the Ray options of a device-mapped worker from `DevicePool.worker_options`
         (its bundle of the shared GPU pool, its share of that GPU, its CPUs, extra env vars); they replace
-        num_cpus, num_gpus and placement."""
+        num_cpus, num_gpus and placement. `resources`: custom Ray resources each worker asks for."""
         self.name = name
         self.world_size = world_size
         self.rpc_timeout_s = rpc_timeout_s
@@ -56,6 +57,8 @@ class Cluster:
         self.workers = []
         for rank in range(world_size):
             options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+            if resources:
+                options["resources"] = dict(resources)
             if max_concurrency:
                 options["max_concurrency"] = max_concurrency
             if max_restarts:
@@ -116,6 +119,10 @@ class Cluster:
         """Point every rank at rank 0's address so torch.distributed can rendezvous there."""
         addr, port = self.call_rank0("address")
         self.call("set_distributed_env", addr, port)
+
+    def ready_calls(self) -> tuple[list[ray.ObjectRef], list[str]]:
+        """A `ready` call per worker and their names: each answers once Ray placed the worker and it started."""
+        return [w.__ray_ready__.remote() for w in self.workers], self.call_names("start")
 
     def node_ids(self) -> list[str]:
         """The Ray node each worker runs on, in rank order."""

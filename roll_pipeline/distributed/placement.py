@@ -257,7 +257,7 @@ def describe(plan: DevicePlan) -> list[str]:
             for d in cpu_only
         )
         lines.append(f"CPU only, placed by Ray: {parts}")
-    lines.append(f"needs {cpus:g} logical CPUs in all")
+    lines.append(f"the workers need {cpus:g} logical CPUs in all (each domain's scheduler adds ray.scheduler_num_cpus)")
     return lines
 
 

@@ -33,6 +33,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from tqdm import tqdm
 
+    from roll_pipeline.distributed.fit import RunDoesNotFit
+    from roll_pipeline.distributed.joining import RayJoinError
+    from roll_pipeline.distributed.waiting import ActorStartFailed, ActorStartTimeout
     from roll_pipeline.driver.pipeline import RLVRPipeline
     from roll_pipeline.driver.runtime import WorkerDiedError
 
@@ -65,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 bar.update(1)
 
             summary = pipeline.run(on_step=on_step)
-    except WorkerDiedError as exc:
+    except (WorkerDiedError, RayJoinError, RunDoesNotFit, ActorStartTimeout, ActorStartFailed) as exc:
         error(str(exc))
         return EXIT_FAILED
     finally:

@@ -24,6 +24,7 @@ from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
 from roll_pipeline.batch import Batch, loss_mask
 from roll_pipeline.config import ResolvedConfig, domain_shares
 from roll_pipeline.data.loading import RunData
+from roll_pipeline.distributed.waiting import wait_started
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
 from roll_pipeline.driver.reward_audit import audit_plan, run_audit
 from roll_pipeline.driver.run_state import Rollout, RunState
@@ -113,6 +114,8 @@ class RLVRPipeline(ClusterRuntime, RunState):
             )
             for domain in cfg.domain_interleave_probs
         }
+        wait_started([s.__ray_ready__.remote() for s in self.schedulers.values()],
+                     [f"scheduler[{d}]" for d in self.schedulers], cfg.ray.actor_start_timeout_s)
         spool_root = Path(cfg.output_dir) / SPOOL_DIRNAME
         if resume_from is None:
             self.tracker = MlflowTracker(cfg.tracking, spool_root)
@@ -130,6 +133,9 @@ class RLVRPipeline(ClusterRuntime, RunState):
         self.answer_keys = answer_keys(cfg.rewards)
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.output_dir) / "resolved_config.json").write_text(json.dumps(self.resolved.to_dict(), indent=2))
+        placement = self.placement_record()
+        (Path(cfg.output_dir) / "placement.json").write_text(json.dumps(placement, indent=2))
+        self.tracker.log_dict(placement, "placement.json")
 
     # ------------------------------------------------------------------------------------------- the step
 

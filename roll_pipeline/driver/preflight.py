@@ -134,6 +134,7 @@ def preflight_with_data(resolved: ResolvedConfig, dry_run: bool = False) -> tupl
     model_checks = _model_checks(model_keys)
     checks += [c for key, c in model_checks.items() if c.name == key]
 
+    checks += _job_copy_checks(cfg)
     checks += _reward_checks(cfg)
     checks += _strategy_checks(cfg, dry_run)
     checks += _plan_checks(cfg, dry_run)
@@ -189,6 +190,29 @@ def preflight_with_data(resolved: ResolvedConfig, dry_run: bool = False) -> tupl
     train, val = prompts["train"], prompts["val"]
     data = RunData(train, val) if train is not None and val is not None else None
     return checks, data
+
+
+#: Where Ray unpacks a job's `--working-dir` (on each node, under its session folder); Ray deletes it later.
+_JOB_COPY = "/runtime_resources/working_dir_files/"
+
+
+def _job_copy_checks(cfg) -> list[Check]:
+    """In a `ray job submit --working-dir` run, paths that resolve into Ray's copy of the working dir: an output_dir
+    there is deleted with the copy, and a model there was not shipped (.gitignore keeps models/ out of it)."""
+    checks = []
+    if _JOB_COPY in cfg.output_dir:
+        checks.append(Check(
+            "output_dir", False,
+            f"{cfg.output_dir} lies in Ray's copy of the job's working_dir, which Ray deletes: pass an absolute "
+            f"output_dir on storage every node shares (output_dir=/shared/runs/{cfg.exp_name})",
+        ))
+    if _JOB_COPY in cfg.pretrain and not Path(cfg.pretrain).exists():
+        checks.append(Check(
+            "pretrain", False,
+            f"{cfg.pretrain} is not in the job's working_dir: `ray job submit --working-dir` ships what git tracks, "
+            "not models/; pass pretrain=<a model folder every node reads> (or a hub id)",
+        ))
+    return checks
 
 
 def _row_checks(cfg) -> dict[str, RowCheck]:
@@ -304,7 +328,41 @@ def _plan_checks(cfg, dry_run: bool) -> list[Check]:
         return [Check("plan", False, line) for line in str(exc).splitlines()]
     checks = [Check("plan", True, line) for line in describe(plan)]
     host = _host_gpu_check(cfg, plan, dry_run)
-    return checks + ([host] if host else []) + _memory_checks(cfg)
+    cluster = _cluster_checks(cfg, plan) if dry_run and _ray_cluster(cfg) else []
+    return checks + ([host] if host else []) + cluster + _memory_checks(cfg)
+
+
+def _cluster_checks(cfg, plan) -> list[Check]:
+    """On the Ray cluster a run joins: whether every actor of the run fits it, and a task on every node that
+    checks the run's paths there (roll_pipeline/distributed/node_checks.py)."""
+    import ray
+
+    from roll_pipeline.distributed.fit import cluster_nodes, fit_report, run_actors, total
+    from roll_pipeline.distributed.joining import RayJoinError, join_ray
+    from roll_pipeline.distributed.node_checks import check_every_node, run_inputs
+
+    address = _ray_cluster(cfg)
+    joined = not ray.is_initialized()
+    try:
+        if joined:
+            join_ray(address)
+    except RayJoinError as exc:
+        return [Check("ray", False, str(exc))]
+    try:
+        groups = run_actors(cfg, plan)
+        nodes = cluster_nodes()
+        report = fit_report(groups, nodes, f"at {address}")
+        need = ", ".join(f"{v:g} {k}" for k, v in total(groups).items())
+        checks = [Check("ray", True, f"joined {address}: {len(nodes)} node(s), Ray {ray.__version__}"),
+                  Check("ray fit", report is None, report or f"every actor of the run fits ({need} in all)")]
+        for label, problems in check_every_node(run_inputs(cfg)):
+            ok = not problems
+            checks.append(Check(f"ray {label}", ok, "reads the models and data, writes output_dir, sees the "
+                                "driver's output_dir" if ok else "; ".join(problems)))
+        return checks
+    finally:
+        if joined:
+            ray.shutdown()
 
 
 def _memory_checks(cfg) -> list[Check]:

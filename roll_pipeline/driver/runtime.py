@@ -16,8 +16,10 @@ from roll_pipeline.config import PipelineConfig
 from roll_pipeline.config.schema import RewardComponentConfig
 from roll_pipeline.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
+from roll_pipeline.distributed.fit import check_fit, run_actors, total
+from roll_pipeline.distributed.joining import join_ray
 from roll_pipeline.distributed.placement import DevicePool, plan_for
-from roll_pipeline.distributed.waiting import wait_for
+from roll_pipeline.distributed.waiting import wait_for, wait_started
 from roll_pipeline.driver.checkpoint import checkpoint_root, latest_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -67,21 +69,24 @@ def worker_env(torch_threads: int) -> dict[str, str]:
 
 
 def init_ray(cfg: PipelineConfig) -> bool:
-    """Join the configured (or RAY_ADDRESS) cluster, or start a local one sized for every worker.
+    """Join the configured (or RAY_ADDRESS) cluster, or start a local one sized for every actor of the run.
 
     Returns whether this call connected (False when Ray was already initialised by the caller)."""
     if ray.is_initialized():
         return False
-    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(cfg)
     if address:
-        ray.init(address=address, log_to_driver=True)
+        join_ray(address)
         return True
-    sections = [cfg.actor_train, cfg.actor_infer, cfg.reference, cfg.critic]
-    needed = sum(s.world_size * s.num_cpus_per_worker for s in sections if s is not None)
-    needed += sum(c.world_size * c.num_cpus_per_worker for r in cfg.rewards.values() for c in r.components())
-    num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(needed))
+    needed = total(run_actors(cfg)).get("CPU", 0.0)
+    num_cpus = cfg.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(needed - 1e-6))
     start_local_ray(num_cpus)
     return True
+
+
+def ray_address(cfg: PipelineConfig) -> str | None:
+    """The Ray cluster a run joins (ray.address, else RAY_ADDRESS), or None: it starts a local one."""
+    return cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
 
 
 def start_local_ray(num_cpus: int, *, num_gpus: int | None = None, log_to_driver: bool = True) -> None:
@@ -116,6 +121,9 @@ class ClusterRuntime:
         cfg = self.cfg
         plan = plan_for(cfg)  # before Ray starts: a mapping that cannot be placed stops the run at once
         self.owns_ray = init_ray(cfg)
+        address = ray_address(cfg)
+        where = f"at {address}" if address else "started for this run" if self.owns_ray else "this process joined"
+        check_fit(run_actors(cfg, plan), where)  # before any actor starts: one that cannot be placed never starts
         self.device_pool = DevicePool.reserve(plan) if plan.slots else None
 
         def make(
@@ -136,6 +144,7 @@ class ClusterRuntime:
                 # actor_infer's requests are re-sent by the schedulers (with the current weights first).
                 max_task_retries=restarts if cls is not ActorInferWorker else 0,
                 rpc_timeout_s=cfg.ray.rpc_timeout_s,
+                resources=section.resources,
             )
 
         self.actor_train = make(
@@ -163,11 +172,34 @@ class ClusterRuntime:
                      for c in cfg.rewards[domain].components()}
             for domain in cfg.domain_interleave_probs
         }
+        self.wait_started([c for c in (self.actor_train, self.actor_infer, self.reference, self.critic) if c]
+                          + self.reward_clusters())
         for trained in filter(None, [self.actor_train, self.critic]):
             trained.init_process_group()
         trained = [c for c in (self.actor_train, self.critic) if c is not None]
         self.wait_for([ref for c in trained for ref in c.call_async("initialize")],
                       [name for c in trained for name in c.call_names("initialize")])
+
+    def placement_record(self) -> dict[str, Any]:
+        """Where every worker and scheduler runs: per cluster the Ray node of each rank, and each node's address
+        (output_dir/placement.json: which node wrote which part of a checkpoint)."""
+        clusters = [c for c in (self.actor_train, self.actor_infer, self.reference, self.critic) if c is not None]
+        clusters += self.reward_clusters()
+        refs = [s.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+                for s in self.schedulers.values()]
+        names = [f"scheduler[{d}].node_id" for d in self.schedulers]
+        record = {"workers": {c.name: c.node_ids() for c in clusters},
+                  "schedulers": dict(zip(self.schedulers, self.wait_for(refs, names), strict=True))}
+        used = {n for ids in record["workers"].values() for n in ids} | set(record["schedulers"].values())
+        record["nodes"] = {n["NodeID"]: n.get("NodeManagerAddress") for n in ray.nodes() if n["NodeID"] in used}
+        return record
+
+    def wait_started(self, clusters: list[Cluster]) -> None:
+        """Every worker of `clusters` placed and started, within ray.actor_start_timeout_s (else an error naming
+        the ones still waiting)."""
+        calls = [c.ready_calls() for c in clusters]
+        wait_started([r for refs, _ in calls for r in refs], [n for _, names in calls for n in names],
+                     self.cfg.ray.actor_start_timeout_s)
 
     def wait_for(self, refs: list[ray.ObjectRef], names: list[str]) -> list[Any]:
         """Results of calls to workers, within ray.rpc_timeout_s (roll_pipeline/distributed/waiting.py)."""
@@ -203,6 +235,7 @@ class ClusterRuntime:
             max_restarts=self.cfg.ray.worker_restarts,
             max_task_retries=self.cfg.ray.worker_restarts,
             rpc_timeout_s=self.cfg.ray.rpc_timeout_s,
+            resources=component.resources,
         )
 
     def reward_clusters(self) -> list[Cluster]:

@@ -155,9 +155,34 @@ def require_layers(report: LayerReport, allow_missing: tuple[str, ...]) -> None:
         return
     lines = [f"  {name}: {LAYERS[name]}" for name in refused]
     reason = f"\nprobe error: {report.error}" if report.error else ""
+    install = (
+        "\nInstall bubblewrap on that node (Debian/Ubuntu: apt-get install bubblewrap; RHEL/Fedora: dnf install "
+        "bubblewrap), or keep code_sandbox workers off it (rewards.<domain>.resources names a custom Ray resource "
+        "that only nodes with bubblewrap offer)."
+        if "bubblewrap" in refused
+        else ""
+    )
     raise IsolationUnavailable(
-        "code_sandbox: refusing to run untrusted code with less isolation than configured; missing on this host:\n"
+        "code_sandbox: refusing to run untrusted code with less isolation than configured; missing on "
+        f"{this_host()}:\n"
         + "\n".join(lines)
         + reason
+        + install
         + f"\nTo run without them anyway, set rewards.<domain>.options.allow_missing_layers: {refused}"
     )
+
+
+def this_host() -> str:
+    """`host <name>`, with its Ray node id and IP when this process is a Ray worker: which node an error is about."""
+    import socket
+
+    where = f"host {socket.gethostname()}"
+    try:
+        import ray
+
+        if ray.is_initialized():
+            context = ray.get_runtime_context()
+            where += f" (Ray node {context.get_node_id()[:8]}, {ray.util.get_node_ip_address()})"
+    except Exception:  # naming the node is a courtesy; the error it decorates is what matters
+        pass
+    return where
