@@ -105,3 +105,12 @@ def test_gpu_pool_bundles_stay_on_one_node():
 def test_bad_resource_settings_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=message):
         _cfg(override)
+
+
+def test_pinned_actors_are_placed_before_the_ones_that_can_go_anywhere():
+    # 3 CPUs per node; three 1-CPU workers pinned to the far node fit only if nothing else took its CPUs first.
+    anywhere = [ActorGroup(n, 1, {"CPU": 1.0}, ()) for n in ("actor_train", "actor_infer")]
+    pinned = [ActorGroup(f"reward_{i}", 1, {"CPU": 1.0, "far": 1.0}, ()) for i in range(3)]
+    nodes = [Node("far", "ip", {"CPU": 3.0, "far": 4.0}), Node("head", "ip", {"CPU": 3.0})]
+    assert place([*anywhere, *pinned], nodes) == []
+    assert nodes[0].free["CPU"] == 0.0 and nodes[1].free["CPU"] == 1.0

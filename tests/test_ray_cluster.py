@@ -274,6 +274,47 @@ def test_job_submission_ships_the_project_and_runs_the_example(tmp_path, tiny_mo
     assert "lies in Ray's copy of the job's working_dir, which Ray deletes" in bare.stdout
 
 
+@pytest.mark.slow
+def test_a_job_ships_its_module_path_reward_plugin_and_finds_installed_entry_point_ones(tmp_path, user_cluster):
+    # A job folder of its own: a config whose math domain adds the README's KeywordScorer by module path (a file
+    # that exists only in the folder Ray ships) and the plugin example's entry-point worker, pinned to the far node.
+    import yaml
+
+    from tests.test_reward_plugins import code_blocks, readme_section
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "my_rewards.py").write_text(code_blocks(readme_section("Write your own reward worker"), "python")[0])
+    raw = yaml.safe_load((EXAMPLES / "math_code.yaml").read_text())
+    raw["pretrain"] = str(TINY_MODEL)
+    raw["data"] = {**raw["data"], "train_files": [str(EXAMPLES / "data" / "math_train.jsonl")],
+                   "val_files": [str(EXAMPLES / "data" / "math_val.jsonl")]}
+    raw["domain_interleave_probs"] = {"math": 1.0}
+    raw["rewards"] = {"math": {
+        "tag_included": ["add"], "resources": {"far": 1}, "num_cpus_per_worker": 0.5,
+        "workers": [{"worker": "math_rule"},
+                    {"worker": "my_rewards:KeywordScorer", "name": "keyword", "weight": 0.5},
+                    {"worker": "exact_match_example", "name": "exact", "weight": 0.5, "on_masked": "skip"}],
+    }}
+    (folder / "run.yaml").write_text(yaml.safe_dump(raw))
+    out = tmp_path / "run"
+    result = _submit([
+        str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{user_cluster.dashboard_port}",
+        "--working-dir", str(folder), "--", "roll", "run", "run.yaml", *SMALL_RUN, "max_steps=1",
+        f"output_dir={out}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+    ])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "finished 1 steps" in result.stdout
+    placed = json.loads((out / "placement.json").read_text())["workers"]
+    assert placed["reward_math_keyword"] == placed["reward_math_exact"] == [user_cluster.far_id]
+    # each component scored: the run's MLflow records hold their metrics
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name(raw["tracking"]["experiment_name"]).experiment_id])
+    assert {"reward/math/keyword/score", "reward/math/exact/score"} <= set(run.data.metrics)
+
+
 def _submit(command: list[str]) -> subprocess.CompletedProcess:
     deadline = time.monotonic() + 60
     while True:  # the head's job agent starts a little after the node

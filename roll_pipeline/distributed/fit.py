@@ -2,8 +2,8 @@
 
 `run_actors` lists every actor a run starts (each cluster's workers, the GPU pool's bundles, reward workers, the
 domains' schedulers, local LLM-judge actors) with what each asks Ray for and the settings that size it.
-`place` packs them onto the nodes' resources (first fit, largest first, strict strategies first); what it cannot
-place is the shortfall that `fit_report` turns into one message naming the sections, their settings, and how
+`place` packs them onto the nodes' resources (the most constrained first: strict strategies, pinned actors, GPU
+actors, then by size; each actor on the node with the most CPU free); what it cannot place is the shortfall that `fit_report` turns into one message naming the sections, their settings, and how
 much is missing. A run whose actors do not all fit would otherwise wait forever for the ones Ray cannot place.
 """
 
@@ -141,8 +141,9 @@ def total(groups: Sequence[ActorGroup]) -> dict[str, float]:
 def place(groups: Sequence[ActorGroup], nodes: Sequence[Node]) -> list[tuple[ActorGroup, int]]:
     """Pack `groups` onto `nodes` (their `free` is used up); returns (group, actors of it not placed)."""
     order = {"strict_pack": 0, "strict_spread": 1}
-    ranked = sorted(groups, key=lambda g: (order.get(g.strategy, 2), -g.resources.get("GPU", 0.0),
-                                           -g.resources.get("CPU", 0.0)))
+    # The most constrained first: strict strategies, then actors pinned by custom resources, then GPU, then CPU.
+    ranked = sorted(groups, key=lambda g: (order.get(g.strategy, 2), -len(set(g.resources) - {"CPU", "GPU"}),
+                                           -g.resources.get("GPU", 0.0), -g.resources.get("CPU", 0.0)))
     unplaced = []
     for g in ranked:
         if g.strategy == "strict_pack":
