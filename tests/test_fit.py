@@ -114,3 +114,16 @@ def test_pinned_actors_are_placed_before_the_ones_that_can_go_anywhere():
     nodes = [Node("far", "ip", {"CPU": 3.0, "far": 4.0}), Node("head", "ip", {"CPU": 3.0})]
     assert place([*anywhere, *pinned], nodes) == []
     assert nodes[0].free["CPU"] == 0.0 and nodes[1].free["CPU"] == 1.0
+
+
+def test_the_paths_every_node_must_reach():
+    from roll_pipeline.distributed.node_checks import run_inputs
+
+    rm = "/models/rm"
+    cfg = load_config(EXAMPLES / "reward_model.yaml", [f"rewards.math.workers.1.options.model_path={rm}"]).config
+    inputs = run_inputs(cfg)
+    keys = dict(inputs.reads)
+    assert keys["pretrain"] == cfg.pretrain and keys["data.train_files[0]"] == cfg.data.train_files[0]
+    assert keys["rewards.math.workers[1].options.model_path"] == rm
+    assert inputs.output_dir == cfg.output_dir and not inputs.sandbox
+    assert run_inputs(_cfg()).sandbox  # math_code has a code_sandbox domain

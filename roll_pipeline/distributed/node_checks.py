@@ -33,9 +33,15 @@ def run_inputs(cfg: Any) -> NodeInputs:
         section = getattr(cfg, name)
         if section is not None:
             reads[f"{name}.model_args.model_name_or_path"] = section.model_args.model_name_or_path
-    for split in ("train_files", "val_files"):
+    for split in ("train_files", "val_files"):  # the driver reads them: with `ray job submit`, on the head node
         for i, path in enumerate(getattr(cfg.data, split) or []):
             reads[f"data.{split}[{i}]"] = path
+    for domain, reward in cfg.rewards.items():  # a reward model's or a local judge's weights, read by its workers
+        for i, c in enumerate(reward.components()):
+            path = (c.options or {}).get("model_path")
+            if isinstance(path, str):
+                key = f"rewards.{domain}.workers[{i}]" if reward.workers else f"rewards.{domain}"
+                reads[f"{key}.options.model_path"] = path
     local = tuple((key, path) for key, path in reads.items() if Path(path).is_absolute())  # hub ids are not paths
     sandbox = any(c.worker == "code_sandbox" for r in cfg.rewards.values() for c in r.components())
     return NodeInputs(local, cfg.output_dir, sandbox)
