@@ -87,9 +87,9 @@ def test_gpu_pool_bundles_stay_on_one_node():
     )
     groups = run_actors(cfg)
     pool = [g for g in groups if g.strategy == "strict_pack"]
-    assert [(g.count, g.resources) for g in pool] == [(2, {"CPU": 1.0, "GPU": 1.0})]
+    assert [(g.count, g.resources) for g in pool] == [(1, {"CPU": 2.0, "GPU": 2.0})]
     split = [Node("a", "ip", {"CPU": 8.0, "GPU": 1.0}), Node("b", "ip", {"CPU": 8.0, "GPU": 1.0})]
-    assert "GPU pool node 0 (2 of 2)" in fit_report(groups, split, "x")
+    assert "GPU pool node 0 (1 of 1)" in fit_report(groups, split, "x")
     assert fit_report(groups, [Node("a", "ip", {"CPU": 8.0, "GPU": 2.0})], "x") is None
 
 

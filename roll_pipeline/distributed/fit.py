@@ -70,14 +70,11 @@ def run_actors(cfg: Any, plan: Any = None) -> list[ActorGroup]:
 
     plan = plan if plan is not None else plan_for(cfg)
     groups: list[ActorGroup] = []
-    for node in range(plan.num_nodes):
-        mapped = sorted(plan.slots)
-        cpus = plan.bundle_cpus(node)
-        for cpu in sorted(set(cpus), reverse=True):
-            groups.append(ActorGroup(
-                f"GPU pool node {node}", cpus.count(cpu), _ask(cpu, 1.0),
-                tuple(f"{m}.device_mapping" for m in mapped), strategy="strict_pack",
-            ))
+    for node in range(plan.num_nodes):  # one placement group of a bundle per GPU, all on one Ray node
+        groups.append(ActorGroup(
+            f"GPU pool node {node}", 1, _ask(sum(plan.bundle_cpus(node)), plan.gpus_per_node),
+            tuple(f"{m}.device_mapping" for m in sorted(plan.slots)), strategy="strict_pack",
+        ))
     sections = [("actor_train", cfg.actor_train), ("actor_infer", cfg.actor_infer)]
     if cfg.needs_reference:
         sections.append(("reference", cfg.reference))
