@@ -3,8 +3,8 @@
 `run_actors` lists every actor a run starts (each cluster's workers, the GPU pool's bundles, reward workers, the
 domains' schedulers, local LLM-judge actors) with what each asks Ray for and the settings that size it.
 `place` packs them onto the nodes' resources (the most constrained first: strict strategies, pinned actors, GPU
-actors, then by size; each actor on the node with the most CPU free); what it cannot place is the shortfall that `fit_report` turns into one message naming the sections, their settings, and how
-much is missing. A run whose actors do not all fit would otherwise wait forever for the ones Ray cannot place.
+actors, then by size; each actor on the node with the most CPU free); what it cannot place is the shortfall
+that `fit_report` turns into one message naming the sections, their settings, and how much is missing. A run whose actors do not all fit would otherwise wait forever for the ones Ray cannot place.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from roll_pipeline.algorithms import needs_critic
 
 _EPS = 1e-6
 
@@ -66,7 +64,7 @@ def _ask(cpus: float, gpus: float, custom: dict[str, float] | None = None) -> di
 def run_actors(cfg: Any, plan: Any = None) -> list[ActorGroup]:
     """Every actor a run of `cfg` (a PipelineConfig) starts, grouped by what each asks for. `plan`: its device
     plan (roll_pipeline/distributed/placement.py), whose mapped clusters run in the GPU pool's bundles."""
-    from roll_pipeline.distributed.placement import plan_for
+    from roll_pipeline.distributed.placement import plan_for, running_sections
 
     plan = plan if plan is not None else plan_for(cfg)
     groups: list[ActorGroup] = []
@@ -75,12 +73,7 @@ def run_actors(cfg: Any, plan: Any = None) -> list[ActorGroup]:
             f"GPU pool node {node}", 1, _ask(sum(plan.bundle_cpus(node)), plan.gpus_per_node),
             tuple(f"{m}.device_mapping" for m in sorted(plan.slots)), strategy="strict_pack",
         ))
-    sections = [("actor_train", cfg.actor_train), ("actor_infer", cfg.actor_infer)]
-    if cfg.needs_reference:
-        sections.append(("reference", cfg.reference))
-    if needs_critic(cfg.adv_estimator) and cfg.critic is not None:
-        sections.append(("critic", cfg.critic))
-    for name, section in sections:
+    for name, section in running_sections(cfg):
         if name in plan.slots:
             continue
         ask = _ask(section.num_cpus_per_worker, section.num_gpus_per_worker, section.resources)

@@ -160,13 +160,19 @@ def plan_devices(demands: Sequence[ClusterDemand], gpus_per_node: int) -> Device
     )
 
 
-def pipeline_demands(cfg: Any) -> list[ClusterDemand]:
-    """The clusters a run of `cfg` (a PipelineConfig) starts, in start order, with what each asks for."""
+def running_sections(cfg: Any) -> list[tuple[str, Any]]:
+    """(name, section) of the model clusters a run of `cfg` (a PipelineConfig) starts, in start order."""
     sections = [("actor_train", cfg.actor_train), ("actor_infer", cfg.actor_infer)]
     if cfg.needs_reference:
         sections.append(("reference", cfg.reference))
     if needs_critic(cfg.adv_estimator) and cfg.critic is not None:
         sections.append(("critic", cfg.critic))
+    return sections
+
+
+def pipeline_demands(cfg: Any) -> list[ClusterDemand]:
+    """The clusters a run of `cfg` (a PipelineConfig) starts, in start order, with what each asks for."""
+    sections = running_sections(cfg)
     demands = [
         ClusterDemand(
             name=name,
