@@ -136,3 +136,65 @@ def test_nothing_sends_vllm_a_closure():
     sources = [p for folder in ("roll_pipeline", "workers", "schedulers") for p in (root / folder).rglob("*.py")]
     assert len(sources) > 50
     assert [str(p) for p in sources if "apply_model(" in p.read_text()] == []
+
+
+class RecordingLLM:
+    """Stands in for vllm.LLM where only the order of the strategy's calls is checked (vLLM's CPU build has no
+    sleep mode, so the real engine cannot show it here)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags)))
+
+    def collective_rpc(self, method, args=()):
+        self.calls.append((method,))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append(("generate",))
+        return []
+
+
+def sleeping_strategy():
+    strategy = vllm_infer.VLLMInferStrategy.__new__(vllm_infer.VLLMInferStrategy)
+    strategy.llm, strategy.sleep_mode, strategy.tie_word_embeddings = RecordingLLM(), True, False
+    strategy.sleeping, strategy.weights_discarded = set(), False
+    strategy.bucket_bytes, strategy.eos_ids, strategy.pad_id = 2**20, [2], 0
+    return strategy
+
+
+@pytest.mark.skipif(vllm_infer.vllm_build() is None, reason="generate builds vLLM's SamplingParams")
+def test_sleep_drops_weights_only_before_a_sync_which_wakes_them_alone():
+    strategy = sleeping_strategy()
+    prompt, mask = torch.tensor([[5, 6]]), torch.ones(1, 2)
+    strategy.sleep(discard_weights=True)  # after a rollout, before the update the next sync brings
+    assert strategy.llm.calls == [("sleep", 2)]
+    with pytest.raises(RuntimeError, match="dropped by sleep level 2 and no weight sync followed"):
+        strategy.generate(prompt, mask, GeneratingArgs(), 1)
+    strategy.load_state_dict({"model.norm.weight": torch.ones(4)})
+    assert strategy.llm.calls[1] == ("wake_up", ("weights",))  # the KV cache stays free while training holds the GPU
+    assert strategy.llm.calls[2:] == [
+        ("roll_begin_weight_update",), ("roll_load_weights",), ("roll_finish_weight_update",), ("reset_prefix_cache",)
+    ]
+    strategy.llm.calls.clear()
+    strategy.generate(prompt, mask, GeneratingArgs(), 1)
+    assert strategy.llm.calls == [("wake_up", ("kv_cache",)), ("generate",)]
+    strategy.llm.calls.clear()
+    strategy.sleep(discard_weights=False)  # after validation: the weights are current and no sync may come
+    strategy.sleep(discard_weights=True)  # asleep already: nothing more
+    strategy.generate(prompt, mask, GeneratingArgs(), 1)
+    assert strategy.llm.calls == [("sleep", 1), ("wake_up", ("weights", "kv_cache")), ("generate",)]
+
+
+def test_without_sleep_mode_nothing_sleeps():
+    strategy = sleeping_strategy()
+    strategy.sleep_mode = False
+    strategy.sleep(discard_weights=True)
+    assert strategy.llm.calls == [] and not strategy.weights_discarded

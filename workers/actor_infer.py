@@ -102,11 +102,12 @@ class ActorInferWorker(Worker):
         does not count them)."""
         return list(self.stats)
 
-    def offload(self) -> None:
+    def offload(self, discard_weights: bool = False) -> None:
         """Free accelerator memory between rollouts (vLLM's sleep mode, or the hf weights to CPU memory); the next
-        request wakes the engine."""
+        request wakes the engine. `discard_weights`: a weight sync comes before the next generation, so vLLM may
+        drop its weights instead of copying them to host memory."""
         with self.batcher.generation_lock:
-            self.strategy.sleep()
+            self.strategy.sleep(discard_weights)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
         with self.batcher.generation_lock:

@@ -921,6 +921,26 @@ class PipelineConfig:
         return self.async_generation_ratio > 0 or self.infer_is_cap is not None
 
     @property
+    def infer_offloads(self) -> bool:
+        """actor_infer frees its accelerator memory after each rollout and each validation. Only with synchronous
+        generation (async rollouts generate while the others train), and only where something else needs that
+        memory: its section says offload_states, or it runs vLLM with sleep mode (strategy_config
+        enable_sleep_mode, on by default) on GPUs a trained cluster or the reference also uses (overlapping
+        device_mappings, or a fraction of a GPU each without one). vLLM on GPUs of its own stays awake."""
+        infer = self.actor_infer
+        if self.async_generation_ratio > 0:
+            return False
+        if infer.offload_states:
+            return True
+        options = infer.strategy_args.strategy_config
+        if infer.strategy_args.strategy_name != "vllm" or not options.get("enable_sleep_mode", True):
+            return False
+        if infer.devices is None:
+            return 0 < infer.num_gpus_per_worker < 1
+        others = [self.actor_train, self.reference if self.needs_reference else None, self.critic]
+        return any(set(infer.devices) & set(s.devices or []) for s in others if s is not None)
+
+    @property
     def update_gives_old_log_probs(self) -> bool:
         """Each step's batch is trained in one pass (ppo_epochs 1), and nothing before the update reads
         old_log_probs (no KL reward penalty, no actor_infer log-probs to compare them with). Then the driver's

@@ -170,6 +170,17 @@ def running_sections(cfg: Any) -> list[tuple[str, Any]]:
     return sections
 
 
+def start_stages(cfg: Any) -> list[list[str]]:
+    """The model clusters of `running_sections`, in the stages they start in: a stage's workers start together,
+    and the next stage waits until they have. vLLM sharing its GPUs with the others (cfg.infer_offloads) starts
+    alone, first: it sizes its KV cache from the GPU memory free while it starts, which the others' weights and
+    states would otherwise hold; it goes to sleep before they start."""
+    names = [name for name, _ in running_sections(cfg)]
+    if cfg.infer_offloads and cfg.actor_infer.strategy_args.strategy_name == "vllm":
+        return [["actor_infer"], [name for name in names if name != "actor_infer"]]
+    return [names]
+
+
 def pipeline_demands(cfg: Any) -> list[ClusterDemand]:
     """The clusters a run of `cfg` (a PipelineConfig) starts, in start order, with what each asks for."""
     sections = running_sections(cfg)

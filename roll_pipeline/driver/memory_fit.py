@@ -96,7 +96,8 @@ def host_problems(cfg, host_memory_bytes: int) -> list[str]:
 
 
 def gpu_problems(cfg, gpu_memory_bytes: int) -> list[str]:
-    """Each GPU worker's lower bound against its share of one GPU of `gpu_memory_bytes`."""
+    """Each GPU worker's lower bound against its share of one GPU of `gpu_memory_bytes`, then the clusters
+    that share GPUs together (`shared_gpu_problems`)."""
     problems = []
     for need in needs(cfg):
         if not need.gpus_per_worker:
@@ -109,6 +110,48 @@ def gpu_problems(cfg, gpu_memory_bytes: int) -> list[str]:
                 f"{gpu_memory_bytes / GIB:.0f} GiB); raise {need.section}.world_size with ZeRO stage 2-3, or give "
                 "it more of a GPU"
             )
+    return problems + shared_gpu_problems(cfg, gpu_memory_bytes)
+
+
+def shared_gpu_problems(cfg, gpu_memory_bytes: int) -> list[str]:
+    """Clusters whose device_mappings share a GPU, added together on each shared GPU.
+
+    Each worker's share alone can fit while the GPU cannot hold them all: what stays resident all the time (a
+    section without offload_states, vLLM awake) adds up, and of the sections that take turns (offload_states,
+    vLLM asleep between rollouts) the largest comes on top. vLLM holds gpu_memory_utilization of its GPU while
+    awake."""
+    held: dict[int, list[tuple[str, int, bool]]] = {}
+    by_section = {n.section: n for n in needs(cfg)}
+    infer = cfg.actor_infer
+    if infer.strategy_args.strategy_name == "vllm" and infer.devices is not None:
+        utilization = float(infer.strategy_args.strategy_config.get("gpu_memory_utilization", 0.6))
+        by_section["actor_infer"] = Need(
+            "actor_infer", infer.world_size, int(utilization * gpu_memory_bytes), infer.num_gpus_per_worker,
+            f"vLLM's gpu_memory_utilization {utilization:g}",
+        )
+    for name, need in by_section.items():
+        section = getattr(cfg, name)
+        if section.devices is None:
+            continue
+        takes_turns = cfg.infer_offloads if name == "actor_infer" else section.offload_states
+        for device in set(section.devices):
+            held.setdefault(device, []).append((name, need.bytes_per_worker, takes_turns))
+    problems = []
+    for device, parts in sorted(held.items()):
+        if len(parts) < 2:
+            continue
+        resident = sum(size for _, size, turns in parts if not turns)
+        peak = resident + max((size for _, size, turns in parts if turns), default=0)
+        if peak > gpu_memory_bytes:
+            detail = ", ".join(
+                f"{name} {size / GIB:.1f} GiB{' (takes turns)' if turns else ''}" for name, size, turns in parts
+            )
+            problems.append(
+                f"GPU {device} is shared by {detail}: at least {peak / GIB:.1f} GiB at once, the GPU has "
+                f"{gpu_memory_bytes / GIB:.0f} GiB; set offload_states on the colocated sections (and vLLM's "
+                "enable_sleep_mode), lower gpu_memory_utilization, or give the clusters GPUs of their own"
+            )
+            break  # one GPU says it; the pools repeat on every GPU of the mapping
     return problems
 
 

@@ -216,9 +216,9 @@ class RLVRPipeline(ClusterRuntime, RunState):
             metrics |= rollout_metrics(domain, self._records(part)) | scheduler_metrics
         batch = Batch.concat(parts)
         batch = batch.update({"group_ids": torch.arange(len(batch) // n).repeat_interleave(n)})
-        infer = self.cfg.actor_infer
-        if (infer.strategy_args.strategy_name == "vllm" or infer.offload_states) and not self.is_async:
-            self.actor_infer.call("offload")  # colocated training gets the GPU memory back
+        if self.cfg.infer_offloads:  # colocated training gets the GPU memory back; this step's update (if the
+            # actor trains in it) is synced before anything generates again, so vLLM may drop its weights
+            self.actor_infer.call("offload", not self.critic_warming_up())
         metrics |= rollout_metrics("all", self._records(batch))
         mixer = self.cfg.domain_mixer
         observe_rollout(self.mix_state, metrics, list(rollout.refs), mixer.smoothing)
@@ -339,10 +339,14 @@ class RLVRPipeline(ClusterRuntime, RunState):
         )
         return postprocess_advantages(advantages, loss_mask(batch), whiten, clip), returns
 
+    def critic_warming_up(self) -> bool:
+        """This step is one of the first critic_warmup steps, which train the critic only."""
+        return 0 < self.global_step <= self.cfg.critic_warmup
+
     def train(self, batch: Batch) -> dict[str, float]:
         """The critic's and the actor's updates, side by side; during the first critic_warmup steps of a run
         (global_step counts from 1) only the critic's."""
-        warming_up = 0 < self.global_step <= self.cfg.critic_warmup
+        warming_up = self.critic_warming_up()
         refs, names = [], []
         if self.critic is not None:
             refs += self.critic.call_async_dispatch("train_step", batch)
@@ -419,6 +423,8 @@ class RLVRPipeline(ClusterRuntime, RunState):
             self.tracker.set_tags(tags)
         self.val_outcomes = outcomes
         observe_validation(self.mix_state, metrics, list(self.cfg.domain_interleave_probs))
+        if self.cfg.infer_offloads:  # what comes next (a checkpoint, the next update) needs the GPU
+            self.actor_infer.call("offload", False)
         return metrics
 
     def audit_rewards(self) -> dict[str, float]:

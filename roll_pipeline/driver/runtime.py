@@ -11,14 +11,13 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from roll_pipeline.algorithms import needs_critic
 from roll_pipeline.config import PipelineConfig
 from roll_pipeline.config.schema import RewardComponentConfig
 from roll_pipeline.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.distributed.fit import check_fit, run_actors, total
 from roll_pipeline.distributed.joining import join_ray
-from roll_pipeline.distributed.placement import DevicePool, plan_for
+from roll_pipeline.distributed.placement import DevicePool, plan_for, start_stages
 from roll_pipeline.distributed.waiting import wait_for, wait_started
 from roll_pipeline.driver.checkpoint import checkpoint_root, latest_checkpoint
 
@@ -147,26 +146,29 @@ class ClusterRuntime:
                 resources=section.resources,
             )
 
-        self.actor_train = make(
-            "actor_train", ActorTrainWorker, cfg.actor_train,
-            total_optimizer_steps=cfg.optimizer_steps(cfg.actor_train),
-        )
         restarts = cfg.ray.worker_restarts
-        self.actor_infer = make(
-            "actor_infer",
-            ActorInferWorker,
-            cfg.actor_infer,
-            max_concurrency=ActorInferWorker.MAX_CONCURRENCY,
-            restarts=restarts,
-        )
-        self.reference = (
-            make("reference", ReferenceWorker, cfg.reference, restarts=restarts) if cfg.needs_reference else None
-        )
-        self.critic = (
-            make("critic", CriticWorker, cfg.critic, total_optimizer_steps=cfg.optimizer_steps(cfg.critic))
-            if needs_critic(cfg.adv_estimator)
-            else None
-        )
+        builders = {
+            "actor_train": lambda: make(
+                "actor_train", ActorTrainWorker, cfg.actor_train,
+                total_optimizer_steps=cfg.optimizer_steps(cfg.actor_train),
+            ),
+            "actor_infer": lambda: make(
+                "actor_infer", ActorInferWorker, cfg.actor_infer,
+                max_concurrency=ActorInferWorker.MAX_CONCURRENCY, restarts=restarts,
+            ),
+            "reference": lambda: make("reference", ReferenceWorker, cfg.reference, restarts=restarts),
+            "critic": lambda: make(
+                "critic", CriticWorker, cfg.critic, total_optimizer_steps=cfg.optimizer_steps(cfg.critic)
+            ),
+        }
+        self.reference = self.critic = None
+        stages = start_stages(cfg)
+        for stage in stages:
+            for name in stage:
+                setattr(self, name, builders[name]())
+            if stage == ["actor_infer"] and len(stages) > 1:  # vLLM first, alone, then asleep (start_stages)
+                self.wait_started([self.actor_infer])
+                self.actor_infer.call("offload", False)
         self.rewards = {
             domain: {c.label: self._reward_cluster(domain, c, len(cfg.rewards[domain].components()) > 1)
                      for c in cfg.rewards[domain].components()}

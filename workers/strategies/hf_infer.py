@@ -109,8 +109,9 @@ class HFInferStrategy:
         self.pad_id = self.tokenizer.pad_token_id
         self.asleep = False
 
-    def sleep(self) -> None:
-        """The weights to CPU memory until the next call that needs them (a no-op on the CPU)."""
+    def sleep(self, discard_weights: bool = False) -> None:
+        """The weights to CPU memory until the next call that needs them (a no-op on the CPU); they are kept
+        whatever `discard_weights` says (the next sync loads them in place)."""
         if self.device.type != "cpu" and not self.asleep:
             self.model.to("cpu")
             torch.cuda.empty_cache()

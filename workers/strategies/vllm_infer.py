@@ -212,7 +212,9 @@ class VLLMInferStrategy:
         except OSError:  # a checkpoint without generation_config.json: the tokenizer's eos
             generation_config = None
         self.eos_ids = eos_token_ids(SimpleNamespace(generation_config=generation_config), self.tokenizer)
-        self.asleep = False
+        self.sleeping: set[str] = set()
+        """vLLM's sleep-mode tags whose memory is released now ("weights", "kv_cache")."""
+        self.weights_discarded = False
 
     def generate(
         self,
@@ -230,6 +232,7 @@ class VLLMInferStrategy:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self.check_weights()
         self.wake_up()
         prompts = [
             TokensPrompt(prompt_token_ids=row[m > 0].tolist()) for row, m in zip(prompt_ids, prompt_mask, strict=True)
@@ -247,25 +250,42 @@ class VLLMInferStrategy:
         """Copy actor_train's weights into the running engine without restarting it: bucket by bucket (at most
         `weight_bucket_mb` of tensors each) through `collective_rpc` to WeightSyncExtension in every vLLM
         worker, between the begin and finish of vLLM's layerwise reload."""
-        self.wake_up()
+        self.wake_up(("weights",))
         items = vllm_weight_items(state_dict, self.tie_word_embeddings)
         self.llm.collective_rpc("roll_begin_weight_update")
         for bucket in weight_buckets(items, self.bucket_bytes):
             self.llm.collective_rpc("roll_load_weights", args=(pack_bucket(bucket),))
         self.llm.collective_rpc("roll_finish_weight_update")
+        self.weights_discarded = False
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def close(self) -> None:
         """Stop vLLM's engine processes now (they also stop when this object is collected)."""
         self.llm.llm_engine.engine_core.shutdown()
 
-    def sleep(self) -> None:
-        """Free the engine's GPU memory (weights offloaded, KV cache dropped) while actor_train uses the GPU."""
-        if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
+    def sleep(self, discard_weights: bool = False) -> None:
+        """Free the engine's GPU memory while colocated training uses the GPU: the KV cache is dropped, and the
+        weights are copied to host memory (sleep level 1) or, with `discard_weights` (level 2), dropped too, for
+        when a weight sync is sure to come before the next generation (a copy it would overwrite anyway)."""
+        if not self.sleep_mode or self.sleeping:
+            return
+        self.llm.sleep(level=2 if discard_weights else 1)
+        self.sleeping = {"weights", "kv_cache"}
+        self.weights_discarded = discard_weights
 
-    def wake_up(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Bring back what `tags` name of what sleeps: a weight sync wakes the weights only (the KV cache stays
+        free while the trainer still holds its states), generation everything."""
+        waking = [tag for tag in tags if tag in self.sleeping]
+        if not waking:
+            return
+        self.llm.wake_up(tags=waking)
+        self.sleeping -= set(waking)
+
+    def check_weights(self) -> None:
+        """Refuse to generate with weights that sleep level 2 dropped and no sync has replaced."""
+        if self.weights_discarded:
+            raise RuntimeError(
+                "actor_infer: vLLM's weights were dropped by sleep level 2 and no weight sync followed; the "
+                "pipeline discards them only before an update it syncs (a bug if seen)"
+            )
