@@ -131,5 +131,10 @@ def test_a_fresh_clone_dry_runs_each_gpu_example_as_its_header_says(example, fre
     commands = [shlex.split(c, comments=True) for c in header_commands(example)]
     dry_runs = [args for args in commands if args[:2] == ["roll", "run"] and "--dry-run" in args]
     assert dry_runs, f"the header of examples/{example} shows no `roll run ... --dry-run`"
+    for args in commands:
+        if args[:3] in (["roll", "model", "build"], ["roll", "model", "fetch"]):  # as a cache it checks
+            for name in args[3:]:
+                shutil.copytree(ROOT / "examples" / "models" / name, fresh_clone / "examples" / "models" / name)
+            assert main(args[1:]) == 0, args
     for args in dry_runs:
         assert main(args[1:]) == 0, capsys.readouterr()

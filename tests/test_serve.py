@@ -365,3 +365,43 @@ def test_an_api_key_is_required_when_set(tiny_model, monkeypatch):
         assert requests.get(f"http://127.0.0.1:{process.port}/health", timeout=5).ok
     finally:
         process.stop()
+
+
+@pytest.mark.slow
+def test_roll_serve_with_the_vllm_engine_answers_openai_requests(tiny_model, tmp_path):
+    """`roll serve --engine vllm` on vLLM's CPU build (the dev venv's): vLLM's own server, driven with the openai
+    client like the hf engine's."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.judge_servers import free_port
+    from workers.strategies.vllm_infer import vllm_build
+
+    if vllm_build() != "cpu":
+        pytest.skip("vLLM's CPU build is not installed (make install puts it)")
+    port, log = free_port(), tmp_path / "vllm-serve.log"
+    command = [sys.executable, "-m", "roll_pipeline.driver.cli", "serve", str(tiny_model), "--engine", "vllm",
+               "--port", str(port), "--served-model-name", "tiny", "--vllm-arg=--max-model-len=256"]
+    with log.open("w") as out:  # a file: vLLM logs more than a pipe holds while nobody reads it
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    try:
+        def healthy() -> bool:
+            assert server.poll() is None, f"roll serve --engine vllm exited:\n{log.read_text()[-4000:]}"
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok
+            except requests.RequestException:
+                return False
+
+        wait_for(healthy, "vLLM's server to answer /health", limit_s=300)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        completion = client.completions.create(model="tiny", prompt="12+7=", max_tokens=8, temperature=0)
+        assert completion.usage.completion_tokens >= 1
+        chat = client.chat.completions.create(model="tiny", messages=MATH, max_tokens=16, temperature=0)
+        assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens >= 1
+        assert "starting vLLM: " in log.read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
