@@ -36,6 +36,7 @@ ENTRY_POINTS: dict[str, str] = {
     # workers
     "ActorTrainWorker": "workers.actor_train:ActorTrainWorker",
     "ActorInferWorker": "workers.actor_infer:ActorInferWorker",
+    "make_infer_strategy": "workers.actor_infer:make_infer_strategy",
     "RewardWorker": "workers.rewards.worker:RewardWorker",
     "MathRuleScorer": "workers.rewards.math_rule:MathRuleScorer",
     "CodeSandboxScorer": "workers.rewards.code_sandbox:CodeSandboxScorer",
