@@ -31,7 +31,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "math_code.yaml"
 
 def rollout_prompts(resolved) -> tuple[list[list[int]], object]:
     """The example's rollout prompts, each domain's share from the first rows of its training file."""
-    from roll_pipeline import api
+    import roll_pipeline.api as api
 
     cfg = resolved.config
     tokenizer = api.load_tokenizer(cfg.actor_infer.model_args)
@@ -46,7 +46,7 @@ def rollout_prompts(resolved) -> tuple[list[list[int]], object]:
 
 
 def strategy(resolved, engine: str):
-    from roll_pipeline import api
+    import roll_pipeline.api as api
 
     cfg = resolved.config
     args = replace(cfg.actor_infer.strategy_args, strategy_name=engine, strategy_config={})
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-wait", type=float, default=60.0)
     options = parser.parse_args(argv)
 
-    from roll_pipeline import api
+    import roll_pipeline.api as api
 
     resolved = api.load_run_config(EXAMPLE)
     cfg = resolved.config
