@@ -69,16 +69,18 @@ def unpack_bucket(data: bytes) -> list[tuple[str, torch.Tensor]]:
 
 
 def tied_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The layers with a post-load step whose weight is one parameter with another layer's (a tied lm_head and
-    embedding). vLLM's layerwise reload runs that step for the layer the weight was loaded through only; the
-    CPU build's lm_head packs its weight for its kernel in that step, so without running it again the head
-    would go on computing with the weights of the first load."""
+    """The layers with a post-load step whose weight is one parameter with an earlier layer's (a tied lm_head,
+    whose weight is the embedding's). vLLM's layerwise reload runs that step for the layer the weight was loaded
+    through only (the embedding, which comes first); the CPU build's lm_head packs its weight for its kernel in
+    that step, so without running it again the head would go on computing with the weights of the first load.
+    The first layer of each tied group is left out: its step has run, and a second run could redo a
+    quantization."""
     owners: dict[int, list[torch.nn.Module]] = {}
     for layer in model.modules():
         weight = layer._parameters.get("weight")
         if weight is not None and weight.numel() and getattr(layer, "quant_method", None) is not None:
             owners.setdefault(id(weight), []).append(layer)
-    return [layer for layers in owners.values() if len(layers) > 1 for layer in layers]
+    return [layer for layers in owners.values() for layer in layers[1:]]
 
 
 class WeightSyncExtension:
