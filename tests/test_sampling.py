@@ -60,8 +60,11 @@ def test_sampled_token_frequencies_match_the_log_probs_the_losses_use(strategy, 
     assert_sampling_matches_the_log_probs(strategy, temperature, top_p, top_k)
 
 
-def assert_sampling_matches_the_log_probs(strategy, temperature: float, top_p: float, top_k: int) -> None:
-    """The check itself, on the strategy's device (tests/test_gpu_device_paths.py runs it on a GPU)."""
+def assert_sampling_matches_the_log_probs(strategy, temperature: float, top_p: float, top_k: int, model=None) -> None:
+    """The check itself, on the strategy's device (tests/test_gpu_device_paths.py runs it on a GPU). The
+    log-probs come from `model` (default: the strategy's own; tests/test_vllm_engine.py gives the trainer's
+    model, vLLM holding its own)."""
+    model = strategy.model if model is None else model
     args = GeneratingArgs(max_new_tokens=1, temperature=temperature, top_p=top_p, top_k=top_k)
     ids = strategy.tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True, tokenize=True
@@ -69,7 +72,7 @@ def assert_sampling_matches_the_log_probs(strategy, temperature: float, top_p: f
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     prompt = torch.tensor([list(ids)])
     mask = torch.ones_like(prompt)
-    vocab = strategy.model.config.vocab_size
+    vocab = model.config.vocab_size
     every_token = Batch(
         {
             "prompt_ids": prompt.repeat(vocab, 1),
@@ -78,7 +81,7 @@ def assert_sampling_matches_the_log_probs(strategy, temperature: float, top_p: f
             "response_mask": torch.ones(vocab, 1),
         }
     )
-    log_probs = batched_log_probs(strategy.model, every_token, 512, SamplingDistribution.of(args))[:, 0]
+    log_probs = batched_log_probs(model, every_token, 512, SamplingDistribution.of(args))[:, 0]
     probs = log_probs.exp() * (log_probs > OUTSIDE_LOG_PROB)
     assert abs(float(probs.sum()) - 1.0) < 1e-4
 

@@ -16,7 +16,7 @@ from roll_pipeline.config.schema import GeneratingArgs
 from roll_pipeline.models.forward import batched_log_probs
 from roll_pipeline.models.sampling import OUTSIDE_LOG_PROB, SamplingDistribution
 from tests.conftest import EXAMPLES
-from tests.test_sampling import SAMPLES, chi_square, chi_square_quantile
+from tests.test_sampling import assert_sampling_matches_the_log_probs
 from workers.strategies.vllm_infer import vllm_build
 
 pytestmark = [
@@ -165,29 +165,8 @@ def test_vllm_log_probs_of_sampled_tokens_equal_the_trainers(engine, trainer_mod
     "temperature, top_p, top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 8)], ids=["full", "top_p", "top_k"]
 )
 def test_vllm_samples_the_distribution_the_losses_use(engine, trainer_model, temperature, top_p, top_k):
-    """tests/test_sampling.py's chi-square test on vLLM's sampler: first tokens of one chat prompt, 4000 draws."""
-    args = GeneratingArgs(max_new_tokens=1, temperature=temperature, top_p=top_p, top_k=top_k)
-    ids = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True, tokenize=True
-    )
-    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-    prompt = torch.tensor([list(ids)])
-    vocab = trainer_model.config.vocab_size
-    every_token = Batch(
-        {
-            "prompt_ids": prompt.repeat(vocab, 1),
-            "prompt_mask": torch.ones_like(prompt).repeat(vocab, 1),
-            "response_ids": torch.arange(vocab)[:, None],
-            "response_mask": torch.ones(vocab, 1),
-        }
-    )
-    log_probs = batched_log_probs(trainer_model, every_token, 512, SamplingDistribution.of(args))[:, 0]
-    probs = log_probs.exp() * (log_probs > OUTSIDE_LOG_PROB)
-    out = engine.generate(prompt, torch.ones_like(prompt), args, SAMPLES, seed=0)
-    counts = torch.bincount(out["response_ids"][:, 0], minlength=vocab)
-    assert not bool((counts[probs == 0] > 0).any()), "a token the log-probs call impossible was sampled"
-    statistic, dof = chi_square(counts, probs, SAMPLES)
-    # Measured 2026-11-27 on vLLM 0.32.0's CPU build, seeds 0, 2, 3, 4 (vLLM seeds a request's n samples from
-    # consecutive seeds, so these sets overlap): full 4.51-4.56 (dof 8), top_p 0.00004-0.0032 (dof 1), top_k
-    # 2.30-2.35 (dof 7). The bound is test_sampling's: the chi-square quantile at 1 - 1e-4.
-    assert statistic < chi_square_quantile(dof), (statistic, dof)
+    """tests/test_sampling.py's chi-square test on vLLM's sampler: first tokens of one chat prompt, 4000 draws,
+    against the trainer's log-probs. Measured 2026-11-27 on vLLM 0.32.0's CPU build, seeds 0, 2, 3, 4 (vLLM seeds
+    a request's n samples from consecutive seeds, so these sets overlap): full 4.51-4.56 (dof 8), top_p
+    0.00004-0.0032 (dof 1), top_k 2.30-2.35 (dof 7); test_sampling's bound, the quantile at 1 - 1e-4."""
+    assert_sampling_matches_the_log_probs(engine, temperature, top_p, top_k, model=trainer_model)
