@@ -83,6 +83,10 @@ def test_one_rl_step_of_the_colocated_example_on_one_gpu(engine, tmp_path, mlflo
     (run,) = client.search_runs([client.get_experiment_by_name("gpu").experiment_id])
     assert run.data.metrics["throughput/generated_tokens"] > 0
     assert "actor/pg_loss" in run.data.metrics
+    # Every cluster shares GPU 0: each reserved GPU memory during the step, and the device shows it in use.
+    for cluster in ("actor_train", "actor_infer", "reference"):
+        assert run.data.metrics[f"memory/{cluster}_gpu_peak_reserved_mb"] > 0, cluster
+    assert run.data.metrics["memory/gpu_device_used_mb"] > 0
     assert (tmp_path / "run" / "checkpoints" / "step_1" / "actor_train" / "hf_model" / "model.safetensors").is_file()
 
 
