@@ -65,7 +65,7 @@ missing=${PIPESTATUS[0]}
 
 tests=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
 # The project's addopts are replaced: the host's pytest plugins may differ from the dev venv's.
-"$PY" -m pytest -o addopts= -ra -m gpu --timeout=540 -p no:cacheprovider --junitxml="$RESULTS/junit.xml" \
+"$PY" -m pytest -o addopts= -ra -m gpu --timeout="${GPU_TEST_TIMEOUT_S:-540}" -p no:cacheprovider --junitxml="$RESULTS/junit.xml" \
     $tests 2>&1 | tee "$RESULTS/pytest.log"
 tested=${PIPESTATUS[0]}
 echo "gpu-check: require_gpu exit $missing, pytest exit $tested" | tee -a "$RESULTS/host.txt"
