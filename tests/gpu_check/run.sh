@@ -39,6 +39,19 @@ if ! command -v bwrap >/dev/null || ! ldconfig -p 2>/dev/null | grep -q 'libsecc
     fi
 fi
 
+# The code sandbox's memory cgroups: a reward worker makes them under its own cgroup, whose children need the
+# memory controller (cgroup v2). A container's or VM's command cgroup often lacks it (seen on a lent H200); as
+# root the check then runs from the root cgroup, which may have processes and controllers both. A host that runs
+# the workers under systemd gives them a delegated scope instead (README, 'The code sandbox').
+cg=/sys/fs/cgroup
+if [ "$(id -u)" = 0 ] && [ -f "$cg/cgroup.controllers" ]; then
+    own="$cg$(sed -n 's/^0:://p' /proc/self/cgroup)"
+    if ! grep -qw memory "$own/cgroup.subtree_control" 2>/dev/null; then
+        grep -qw memory "$cg/cgroup.subtree_control" || echo +memory >"$cg/cgroup.subtree_control"
+        echo $$ >"$cg/cgroup.procs" && echo "cgroup: moved from $own to the root cgroup (memory controller)"
+    fi
+fi
+
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
