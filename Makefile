@@ -77,6 +77,19 @@ test-gpu: model real-model
 	$(BIN)/python -m tests.require_gpu
 	$(BIN)/python -m pytest -m gpu -ra $(PYTEST_ARGS)
 
+# A GPU host without network: `make gpu-bundle` (here, with PyPI) writes .gpu-check/ (what the host lacks, for its
+# Python; GPU_HOST_HAS names what it has, e.g. tests/gpu_check/cuda_image_packages.txt), which travels with the
+# checkout and examples/models/tiny-qwen2; `make gpu-check` there runs the GPU-marked tests with the host's own
+# Python and CUDA torch (tests/gpu_check/run.sh; results in .gpu-check/results). See README, 'GPU check'.
+.PHONY: gpu-bundle gpu-check
+GPU_PYTHON_VERSION ?= 3.12
+GPU_HOST_HAS ?=
+gpu-bundle: install
+	$(BIN)/python -m tests.gpu_check.bundle --python-version $(GPU_PYTHON_VERSION) $(if $(GPU_HOST_HAS),--host-has $(GPU_HOST_HAS))
+
+gpu-check:
+	bash tests/gpu_check/run.sh
+
 test-fast: model
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
