@@ -62,7 +62,23 @@ def test_the_one_gpu_step_config_loads_with_every_domain_given_prompts(engine, t
     assert resolved.domain_shares == {"math": 3, "code": 1}
 
 
-@pytest.mark.parametrize("engine", ["hf_infer", "vllm"])
+# PPO with GAE: a critic on GPU 0 too (ZeRO-2 bf16, offloaded between its phases), beside the three others.
+CRITIC = [
+    "adv_estimator=gae",
+    "critic_warmup=0",
+    "critic={device_mapping: [0], world_size: 1, num_gpus_per_worker: 1, model_args: {dtype: bfloat16},"
+    " offload_states: true, training_args: {learning_rate: 1.0e-5, warmup_steps: 0, per_device_train_batch_size: 8,"
+    " gradient_accumulation_steps: 2}, strategy_args: {strategy_name: deepspeed_train,"
+    " strategy_config: {zero_optimization: {stage: 2}}}}",
+]
+
+
+def test_the_one_gpu_step_with_a_critic_puts_four_clusters_on_gpu_0(tmp_path):
+    cfg = load_config(CONFIG, one_gpu_overrides("hf_infer", tmp_path / "run", "sqlite:///unused.db") + CRITIC).config
+    assert cfg.adv_estimator == "gae" and cfg.critic.device_mapping == [0] and cfg.reference.device_mapping == [0]
+
+
+@pytest.mark.parametrize("engine", ["hf_infer", "vllm", "hf_infer+critic"])
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(
@@ -74,18 +90,23 @@ def test_one_rl_step_of_the_colocated_example_on_one_gpu(engine, tmp_path, mlflo
 
     if engine == "vllm":  # a failure, not a skip: `make test-gpu` must not pass without the engine it tests
         assert vllm_build() == "cuda", "vLLM's CUDA build is not installed: pip install 'roll-pipeline[gpu]'"
+    with_critic = engine.endswith("+critic")
+    engine = engine.removesuffix("+critic")
     uri = mlflow_db(tmp_path / "mlflow.db")
+    overrides = one_gpu_overrides(engine, tmp_path / "run", uri) + (CRITIC if with_critic else [])
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = main(["run", str(CONFIG), *one_gpu_overrides(engine, tmp_path / "run", uri)])
+        code = main(["run", str(CONFIG), *overrides])
     assert code == 0, printed.getvalue()[-4000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gpu").experiment_id])
     assert run.data.metrics["throughput/generated_tokens"] > 0
     assert "actor/pg_loss" in run.data.metrics
     # Every cluster shares GPU 0: each reserved GPU memory during the step, and the device shows it in use.
-    for cluster in ("actor_train", "actor_infer", "reference"):
+    for cluster in ("actor_train", "actor_infer", "reference") + (("critic",) if with_critic else ()):
         assert run.data.metrics[f"memory/{cluster}_gpu_peak_reserved_mb"] > 0, cluster
+    if with_critic:
+        assert "critic/value_loss" in run.data.metrics
     assert run.data.metrics["memory/gpu_device_used_mb"] > 0
     assert (tmp_path / "run" / "checkpoints" / "step_1" / "actor_train" / "hf_model" / "model.safetensors").is_file()
 
