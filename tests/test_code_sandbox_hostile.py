@@ -682,6 +682,32 @@ def test_slow_stdio_tests_share_one_budget_and_end_as_timeouts():
     assert elapsed < 8.0
 
 
+SLOW_AND_WRONG = """
+import ctypes, time
+ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)  # clear the parent-death signal (refused: harmless)
+input()
+time.sleep(1.8)  # each test under the run's 2 s limit, all four together past the worker's 6 s
+print(0)
+"""
+
+
+@pytest.mark.slow
+def test_slow_stdio_tests_end_in_a_score_before_the_reward_workers_limit_masks_them():
+    """Under a reward worker whose limit (6 s) is below the scorer's default sample budget (20 s), tests that are
+    each within their run's limit but together slow were masked (worker timeout): an answer a policy could learn
+    to prefer to a wrong one. The worker fits the budget inside its limit (4 s), so the sample is scored 0."""
+    from workers.rewards.worker import RewardWorker
+
+    tests = json.dumps({"inputs": ["1\n"] * 4, "outputs": ["2\n"] * 4})
+    with RewardWorker("code", "code_sandbox", {"timeout_s": 2.0, "concurrency": 1}, timeout_s=6.0, processes=1) as w:
+        (record,) = w.score_batch([{"response": SLOW_AND_WRONG, "ground_truth": "", "test_cases": tests}])
+        stats = w.stats()
+    assert record.mask_reason is None, record
+    assert (record.score, record.correct) == (0.0, False)
+    assert record.metrics["timeout"] == 1.0 or record.metrics["wrong_answer"] == 1.0
+    assert stats["scored"] == 1 and stats["masked_timeout"] == 0
+
+
 # ---- honest programs (must score 1) ----
 
 

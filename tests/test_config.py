@@ -169,14 +169,28 @@ def test_same_tag_in_two_domains(tmp_path):
 
 
 def test_a_sample_budget_past_the_worker_timeout_is_refused(tmp_path):
+    # The worker masks at 30 s; the sandbox's own work around the runs needs a margin: max(2 s, 20%) -> 24 s.
     code = {"worker": "code_sandbox", "tag_included": ["string"], "timeout_s": 30, "options": {"sample_timeout_s": 30}}
-    msg = error_of(tmp_path, {**BASE, "rewards": {**BASE["rewards"], "code": code}})
-    assert "rewards.code.options.sample_timeout_s: must be below timeout_s (30" in msg
-    code["options"]["sample_timeout_s"] = 29.5
+    for budget in (30, 29.5, 24.5):
+        code["options"]["sample_timeout_s"] = budget
+        msg = error_of(tmp_path, {**BASE, "rewards": {**BASE["rewards"], "code": code}})
+        assert "rewards.code.options.sample_timeout_s: must be at most 24 (timeout_s 30" in msg
+    code["options"]["sample_timeout_s"] = 24
     try:
         load(tmp_path, {**BASE, "rewards": {**BASE["rewards"], "code": code}})
     except ConfigError as err:
         assert "sample_timeout_s" not in str(err)
+    # A component of `workers` is checked against its own timeout (10 s -> 8 s).
+    component = {"worker": "code_sandbox", "timeout_s": 10, "options": {"sample_timeout_s": 9}}
+    code = {"tag_included": ["string"], "workers": [component]}
+    msg = error_of(tmp_path, {**BASE, "rewards": {**BASE["rewards"], "code": code}})
+    assert "rewards.code.workers[0].options.sample_timeout_s: must be at most 8 (timeout_s 10" in msg
+
+
+def test_the_scoring_budget_leaves_the_worker_a_margin():
+    from roll_pipeline.config.schema import scoring_budget_s
+
+    assert [scoring_budget_s(t) for t in (30, 10, 6, 3, 2)] == [24, 8, 4, 1.5, 1]
 
 
 def test_gae_needs_a_critic(tmp_path):

@@ -627,3 +627,10 @@ def test_a_dead_workers_cgroup_is_removed_even_while_its_last_process_is_dying()
         sleeper.kill()
         with contextlib.suppress(OSError):
             os.rmdir(path)
+
+
+def test_the_sample_budget_fits_inside_the_reward_workers_limit():
+    fit = CodeSandboxScorer.within_timeout
+    assert fit({}, 30.0)["sample_timeout_s"] == 20.0  # the default, already inside 30 s less its margin
+    assert fit({"timeout_s": 2.0}, 10.0) == {"timeout_s": 2.0, "sample_timeout_s": 8.0}
+    assert fit({"sample_timeout_s": 5.0}, 10.0) == {"sample_timeout_s": 5.0}  # given: checked when the config loads

@@ -298,6 +298,26 @@ class RewardComponentConfig:
         return self.name or self.worker.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
 
 
+def scoring_budget_s(worker_timeout_s: float) -> float:
+    """The most time a scorer with a time budget of its own (code_sandbox's `sample_timeout_s`) may give one
+    sample under a reward worker that masks a sample after `worker_timeout_s`: the worker's limit less a margin
+    for the scorer's own work around the runs (a sandbox's start, its teardown, the verdict), max(2 s, 20%), and
+    never less than half of it. A program that is slow on purpose then ends in a score (timeouts, 0) before the
+    worker's limit turns it into a mask, which a policy could learn to prefer to a wrong answer."""
+    return max(worker_timeout_s - max(2.0, 0.2 * worker_timeout_s), 0.5 * worker_timeout_s)
+
+
+def _budget_problems(where: str, options: dict[str, Any], timeout_s: float) -> Iterator[tuple[str, str]]:
+    budget = options.get("sample_timeout_s")
+    if isinstance(budget, int | float) and not isinstance(budget, bool) and budget > scoring_budget_s(timeout_s):
+        yield (
+            f"{where}sample_timeout_s",
+            f"must be at most {scoring_budget_s(timeout_s):g} (timeout_s {timeout_s:g} less a margin for the "
+            f"sandbox's own work): a sample that outlasts the worker's timeout is masked instead of scored, "
+            f"got {budget}",
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class RewardConfig:
     """One domain: the worker(s) that score it and the data tags routed to it."""
@@ -401,13 +421,9 @@ class RewardConfig:
             yield "world_size", "must be >= 1"
         if self.timeout_s <= 0:
             yield "timeout_s", "must be > 0"
-        budget = self.options.get("sample_timeout_s")
-        if isinstance(budget, int | float) and not isinstance(budget, bool) and budget >= self.timeout_s:
-            yield (
-                "options.sample_timeout_s",
-                f"must be below timeout_s ({self.timeout_s}): a sample that outlasts the worker's timeout is masked "
-                f"instead of scored, got {budget}",
-            )
+        for i, c in enumerate(self.components()):
+            where = f"workers[{i}].options." if self.workers else "options."
+            yield from _budget_problems(where, c.options, c.timeout_s if c.timeout_s is not None else self.timeout_s)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -123,6 +123,13 @@ class RewardScorer:
                 f"accepted options: {accepted or 'none'}"
             )
 
+    @classmethod
+    def within_timeout(cls, options: dict, timeout_s: float) -> dict:
+        """The options to score with under a worker that masks a sample after ``timeout_s`` seconds. A scorer
+        with a time budget of its own fits it inside that limit here, so that whatever the response does ends in
+        a score, not a mask (masks are for infrastructure failures). Default: the options unchanged."""
+        return options
+
     def warm_up(self) -> None:
         """Called once in each scoring process before its first sample (import what ``score`` needs, open a
         client); the time it takes is not counted against any sample's timeout."""

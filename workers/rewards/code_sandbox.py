@@ -15,6 +15,7 @@ is not applicable (``None``); a sandbox or service failure raises, so the reward
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -22,6 +23,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
+from roll_pipeline.config.schema import scoring_budget_s
 from workers.rewards.base import RewardResult, RewardScorer
 from workers.rewards.registry import register_reward_worker
 from workers.rewards.sandbox.cgroup import find_memory_cgroups
@@ -103,6 +105,17 @@ class CodeSandboxScorer(RewardScorer):
       missing layer stops the scorer at start-up.
     - ``remote_url``, ``remote_concurrency`` (8), ``remote_retries`` (3), ``remote_backoff_s`` (0.5).
     """
+
+    @classmethod
+    def within_timeout(cls, options: dict, timeout_s: float) -> dict:
+        """Without ``sample_timeout_s``, a sample gets the default budget or what the worker's limit leaves
+        (``scoring_budget_s``), whichever is less: stdin/stdout tests that are each under ``timeout_s`` but
+        together slow would otherwise reach the worker's limit and be masked. A given value is checked against
+        the same bound when the config loads."""
+        if "sample_timeout_s" in options:
+            return options
+        default = inspect.signature(cls.__init__).parameters["sample_timeout_s"].default
+        return {**options, "sample_timeout_s": min(default, scoring_budget_s(timeout_s))}
 
     @classmethod
     def io_bound(cls, options) -> bool:

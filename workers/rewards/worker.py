@@ -67,7 +67,7 @@ class RewardWorker:
         self.domain = domain
         self.timeout_s = timeout_s
         scorer_cls = get_reward_scorer_cls(worker_spec)
-        options = dict(options or {})
+        options = scorer_cls.within_timeout(dict(options or {}), timeout_s)
         # worker_lost is the scheduler's finding (this worker died), never this worker's own.
         self._masked_total = dict.fromkeys((r for r in MASK_REASONS if r != MASK_WORKER_LOST), 0)
         self._scored_total = 0
