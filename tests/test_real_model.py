@@ -32,7 +32,7 @@ SMOLLM2 = EXAMPLES / "models" / "smollm2-135m-instruct"
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
     if not (SMOLLM2 / FETCH_INFO).is_file():
-        pytest.skip(f"{SMOLLM2} is missing: run `make real-model` (make test does it) before these tests")
+        pytest.fail(f"{SMOLLM2} is missing: run `make real-model` (make test does it) before these tests")
     return SMOLLM2
 
 

