@@ -672,14 +672,13 @@ def test_slow_stdio_tests_share_one_budget_and_end_as_timeouts():
     scorer = CodeSandboxScorer(timeout_s=1.5, sample_timeout_s=4.0, concurrency=1)
     try:
         tests = json.dumps({"inputs": [""] * 8, "outputs": ["ok\n"] * 8})
-        start = time.monotonic()
         result = scorer.score("import time\ntime.sleep(1.2)\nprint('ok')\n", "", test_cases=tests)
-        elapsed = time.monotonic() - start
     finally:
         scorer.close()
-    assert result is not None and result.score < 1.0 and first_failure(result) == "timeout"
-    # 4 s of budget plus sandbox starts; far from the 9.6 s the tests would take one after another.
-    assert elapsed < 8.0
+    assert result is not None and first_failure(result) == "timeout"
+    # A count, not a clock: 4 s hold at most three 1.2 s runs, so at most 3 of the 8 tests passed (all 8 would
+    # pass without the shared budget; each run alone is within its 1.5 s).
+    assert result.metrics["pass_rate"] <= 3 / 8
 
 
 SLOW_AND_WRONG = """

@@ -86,9 +86,8 @@ def test_batches_of_several_callers_share_the_slots_and_keep_their_own_results()
 
 def test_a_sample_past_the_limit_is_masked_at_the_limit_and_a_failure_is_masked_as_an_error():
     with RewardWorker("open", SPEC, {}, timeout_s=0.5, processes=2) as worker:
-        started = time.monotonic()
-        results = worker.score_batch([sample(mode="sleep", sleep_s=5.0), sample(), sample(mode="raise")])
-        assert time.monotonic() - started < 3.0  # not the 5 s of the slow call
+        results = worker.score_batch([sample(mode="sleep", sleep_s=600.0), sample(), sample(mode="raise")])
+        # Returned at all: the batch did not wait out the slow call's 600 s (pytest's 600 s bound would fail it).
     assert [r.mask_reason for r in results] == ["timeout", None, "error"]
     assert results[1].score == 1.0 and worker.stats()["timeouts"] == 1
 

@@ -193,11 +193,12 @@ def test_timeout_kills_the_process_masks_the_sample_and_the_rest_goes_on(make_wo
 
 
 def test_timeout_is_per_sample_running_time_not_queue_time(make_worker):
-    """2 processes run 8 samples of 0.3 s in four waves (1.2 s); counted from submission, waves 3-4 would time
-    out."""
-    worker = make_worker("echo", ECHO, {}, timeout_s=0.8, processes=2)
+    """2 processes run 36 samples of 0.3 s in 18 waves (5.4 s of queue at the least); counted from submission,
+    the last waves would pass the 5 s limit, while each sample's own 0.3 s is 16 times within it (a margin a
+    loaded machine does not eat, unlike a 0.3 s sample under a 0.8 s limit)."""
+    worker = make_worker("echo", ECHO, {}, timeout_s=5.0, processes=2)
     worker.score_batch([sample()])  # the processes are up
-    results = worker.score_batch([sample(mode="sleep", sleep_s=0.3) for _ in range(8)])
+    results = worker.score_batch([sample(mode="sleep", sleep_s=0.3) for _ in range(36)])
     assert not any(r.masked for r in results)
 
 

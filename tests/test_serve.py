@@ -176,7 +176,10 @@ def test_engine_joins_concurrent_requests_with_their_own_budgets_and_stops(engin
         SamplingParams(max_tokens=40, temperature=0, stop=("return",)),
         SamplingParams(max_tokens=40, temperature=0, n=2),
     ]
-    futures = [engine.submit(f"join-{i}", [prompt], p) for i, p in enumerate(params)]
+    # Submitted while the batcher's queue is held: all four are waiting when it looks (no race with its gather
+    # window, which a preempted thread could otherwise miss).
+    with engine.batcher._cond:
+        futures = [engine.submit(f"join-{i}", [prompt], p) for i, p in enumerate(params)]
     short, long, stopped, twice = (f.result() for f in futures)
     assert engine.batcher.batches_run - before == 1, "the four requests ran as one batch"
     assert engine.batcher.sizes[-1] == 5
