@@ -123,20 +123,21 @@ def to_carry(needed: dict[str, str], host: dict[str, str | None], pinned: dict[s
 
 
 def download(pins: dict[str, str], python_version: str, into: Path) -> None:
-    platform_args = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    for name, version in pins.items():
-        if name == "deepspeed":  # a source archive only: built here, without its kernels
-            subprocess.run(
-                [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
-                 str(into), f"deepspeed=={version}"],
-                check=True, env={**os.environ, "DS_BUILD_OPS": "0"},
-            )
-            continue
+    """The pinned wheels for the host, in one pip call; DeepSpeed (a source archive only) built here without
+    its kernels."""
+    source_only = {"deepspeed"}
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+         "--python-version", python_version, "--implementation", "cp",
+         *[a for p in PLATFORMS for a in ("--platform", p)], "-d", str(into),
+         *[f"{n}=={v}" for n, v in pins.items() if n not in source_only]],
+        check=True,
+    )
+    for name in source_only & pins.keys():
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-             "--python-version", python_version, "--implementation", "cp", *platform_args, "-d", str(into),
-             f"{name}=={version}"],
-            check=True,
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
+             str(into), f"{name}=={pins[name]}"],
+            check=True, env={**os.environ, "DS_BUILD_OPS": "0"},
         )
 
 

@@ -15,7 +15,6 @@ is not applicable (``None``); a sandbox or service failure raises, so the reward
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import threading
@@ -106,6 +105,9 @@ class CodeSandboxScorer(RewardScorer):
     - ``remote_url``, ``remote_concurrency`` (8), ``remote_retries`` (3), ``remote_backoff_s`` (0.5).
     """
 
+    #: The default of ``sample_timeout_s``.
+    SAMPLE_TIMEOUT_S = 20.0
+
     @classmethod
     def within_timeout(cls, options: dict, timeout_s: float) -> dict:
         """Without ``sample_timeout_s``, a sample gets the default budget or what the worker's limit leaves
@@ -114,8 +116,7 @@ class CodeSandboxScorer(RewardScorer):
         the same bound when the config loads."""
         if "sample_timeout_s" in options:
             return options
-        default = inspect.signature(cls.__init__).parameters["sample_timeout_s"].default
-        return {**options, "sample_timeout_s": min(default, scoring_budget_s(timeout_s))}
+        return {**options, "sample_timeout_s": min(cls.SAMPLE_TIMEOUT_S, scoring_budget_s(timeout_s))}
 
     @classmethod
     def io_bound(cls, options) -> bool:
@@ -125,7 +126,7 @@ class CodeSandboxScorer(RewardScorer):
         self,
         *,
         timeout_s: float = 5.0,
-        sample_timeout_s: float = 20.0,
+        sample_timeout_s: float = SAMPLE_TIMEOUT_S,
         reward_mode: str = "fraction",
         memory_mb: int = 512,
         processes: int = 16,
