@@ -705,6 +705,13 @@ def test_slow_stdio_tests_end_in_a_score_before_the_reward_workers_limit_masks_t
     assert (record.score, record.correct) == (0.0, False)
     assert record.metrics["timeout"] == 1.0 or record.metrics["wrong_answer"] == 1.0
     assert stats["scored"] == 1 and stats["masked_timeout"] == 0
+    # The worker's scoring processes are stopped with a kill: a spare sandbox caught in bubblewrap's set-up goes
+    # when the next scorer starts (as after a killed worker, below); then nothing of the run is left.
+    CodeSandboxScorer(concurrency=1).close()
+    deadline = time.monotonic() + 30.0
+    while leftover_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftover_processes() == []
 
 
 # ---- honest programs (must score 1) ----
