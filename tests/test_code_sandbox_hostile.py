@@ -691,7 +691,7 @@ print(0)
 
 
 @pytest.mark.slow
-def test_slow_stdio_tests_end_in_a_score_before_the_reward_workers_limit_masks_them():
+def test_slow_stdio_tests_end_in_a_score_before_the_reward_workers_limit_masks_them(scorer):
     """Under a reward worker whose limit (6 s) is below the scorer's default sample budget (20 s), tests that are
     each within their run's limit but together slow were masked (worker timeout): an answer a policy could learn
     to prefer to a wrong one. The worker fits the budget inside its limit (4 s), so the sample is scored 0."""
@@ -706,7 +706,9 @@ def test_slow_stdio_tests_end_in_a_score_before_the_reward_workers_limit_masks_t
     assert record.metrics["timeout"] == 1.0 or record.metrics["wrong_answer"] == 1.0
     assert stats["scored"] == 1 and stats["masked_timeout"] == 0
     # The worker's scoring processes are stopped with a kill: a spare sandbox caught in bubblewrap's set-up goes
-    # when the next scorer starts (as after a killed worker, below); then nothing of the run is left.
+    # when the next scorer starts (as after a killed worker, below); then nothing of the run is left (the module's
+    # scorer closed too, so that its idle sandboxes do not count).
+    scorer.close()
     CodeSandboxScorer(concurrency=1).close()
     deadline = time.monotonic() + 30.0
     while leftover_processes() and time.monotonic() < deadline:
