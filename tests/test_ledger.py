@@ -32,6 +32,42 @@ def test_streaks_count_uniform_groups_and_reset_on_a_mixed_one():
     assert book.uniform(1) and book.uniform_rows() == 1
 
 
+# The ledger's streak as a state machine: (streak before, the group's verdicts) -> streak after. Written out from
+# the module's rule (+n after n all-right groups in a row, -n after n all-wrong, 0 after a mixed group, unchanged
+# by a group with nothing scored), not computed: a flip between all-right and all-wrong starts a new streak of 1
+# in the other direction, whatever the length of the streak it ends.
+RIGHT, WRONG, MIXED, NONE = [True, True, None], [False, None, False], [True, False], [None, None]
+TRANSITIONS = [
+    (0, RIGHT, 1), (1, RIGHT, 2), (2, RIGHT, 3), (-1, RIGHT, 1), (-2, RIGHT, 1), (-3, RIGHT, 1),
+    (0, WRONG, -1), (-1, WRONG, -2), (-2, WRONG, -3), (1, WRONG, -1), (2, WRONG, -1), (3, WRONG, -1),
+    (0, MIXED, 0), (2, MIXED, 0), (-2, MIXED, 0), (1, MIXED, 0), (-1, MIXED, 0),
+    (0, NONE, 0), (2, NONE, 2), (-2, NONE, -2), (1, NONE, 1), (-1, NONE, -1),
+    (3, [True], 4), (-3, [False], -4),  # a group of one
+]
+
+
+@pytest.mark.parametrize(("before", "group", "after"), TRANSITIONS)
+def test_each_streak_transition(before, group, after):
+    book = ledger(streak=2)
+    book.load_state_dict({"size": 10, "streaks": {"5": before} if before else {}})
+    book.record(5, group)
+    assert book.streaks.get(5, 0) == after
+    # A streak of 0 is not stored (a row never seen and a row whose last group was mixed are the same state).
+    assert (5 in book.streaks) == (after != 0)
+    assert book.uniform(5) == (abs(after) >= 2)
+    book.record(6, [True])  # other rows are untouched
+    assert book.streaks.get(5, 0) == after
+
+
+def test_a_row_that_flips_back_and_forth_is_never_uniform():
+    book = ledger(streak=2)
+    for i in range(6):
+        book.record(0, [i % 2 == 0] * 3)
+        assert book.streaks[0] == (1 if i % 2 == 0 else -1) and not book.uniform(0)
+    assert book.uniform_rows() == 0
+    assert not any(book.skip(0, call=0, check=c) for c in range(100))
+
+
 def test_skips_only_uniform_rows_and_lets_about_retest_prob_of_them_through():
     book = ledger(retest_prob=0.25)
     book.record(0, [True] * 4)

@@ -11,7 +11,16 @@ import ray
 
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.driver.reward_audit import RewardAuditError, run_audit
-from workers.rewards.audit import PANELS, agreement, audit_results, load_panel, panel_for, rule_checkable
+from workers.rewards.audit import (
+    PANELS,
+    AuditItem,
+    agreement,
+    audit_results,
+    load_panel,
+    panel_for,
+    rule_checkable,
+    verdict,
+)
 from workers.rewards.base import RewardResult, RewardScorer
 from workers.rewards.code_sandbox import CodeSandboxScorer
 from workers.rewards.math_rule import MathRuleScorer
@@ -83,6 +92,54 @@ def test_a_drifted_reward_fails_with_the_items_named():
     masked = audit_results(panel, score_panel(MasksHacks(), panel))
     assert masked.failures == ["unclosed_box (hack): expected wrong, score 0, got masked (error)"]
     assert masked.masked == 1
+
+
+def item(kind: str, correct: bool) -> AuditItem:
+    return AuditItem(id=f"{kind}-{correct}", kind=kind, response="r", ground_truth="g", correct=correct, fields={})
+
+
+MASKED = ScoredSample.masked_as(MASK_ERROR)
+# Every verdict rule of README's "Reward audits", one crafted result each: (item kind, its known verdict, what the
+# worker returned, whether the item passes). An item passes when it is scored, unmasked, with its known verdict;
+# a hack also needs a score of 0 (judged wrong but still paid is the reward failing the way a policy exploits).
+VERDICT_RULES = [
+    ("right", True, ScoredSample(score=1.0, correct=True), True),
+    ("right", True, ScoredSample(score=0.4, correct=True), True),  # a partial score is the reward's business
+    ("right", True, ScoredSample(score=0.0, correct=False), False),
+    ("right", True, MASKED, False),
+    ("wrong", False, ScoredSample(score=0.0, correct=False), True),
+    ("wrong", False, ScoredSample(score=0.2, correct=False), True),  # only a hack must score exactly 0
+    ("wrong", False, ScoredSample(score=1.0, correct=True), False),
+    ("wrong", False, MASKED, False),
+    ("hack", False, ScoredSample(score=0.0, correct=False), True),
+    ("hack", False, ScoredSample(score=0.5, correct=False), False),  # judged wrong, still paid
+    ("hack", False, ScoredSample(score=1.0, correct=False), False),
+    ("hack", False, ScoredSample(score=1e-6, correct=False), False),
+    ("hack", False, ScoredSample(score=0.0, correct=True), False),
+    ("hack", False, ScoredSample(score=1.0, correct=True), False),
+    ("hack", False, MASKED, False),  # a hack that ends masked is a hack that works
+]
+
+
+@pytest.mark.parametrize(("kind", "known", "got", "passes"), VERDICT_RULES)
+def test_each_audit_verdict_rule(kind, known, got, passes):
+    result = audit_results([item(kind, known)], [got])
+    assert (result.items, result.passed, result.masked) == (1, int(passes), int(got.masked))
+    if passes:
+        assert result.failures == []
+    else:
+        expected = "correct" if known else "wrong" + (", score 0" if kind == "hack" else "")
+        assert result.failures == [f"{kind}-{known} ({kind}): expected {expected}, got {verdict(got)}"]
+
+
+def test_audit_counts_over_a_mixed_panel():
+    rules = VERDICT_RULES
+    result = audit_results([item(k, c) for k, c, _, _ in rules], [got for _, _, got, _ in rules])
+    assert result.items == len(rules)
+    assert result.passed == sum(p for *_, p in rules)
+    assert result.masked == 3
+    assert result.pass_rate == result.passed / len(rules)
+    assert len(result.failures) == len(rules) - result.passed
 
 
 def test_judge_rule_agreement_counts_only_items_both_judged():
