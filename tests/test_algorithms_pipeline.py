@@ -19,6 +19,7 @@ from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.models.forward import log_probs_from_logits
 from tests.conftest import EXAMPLES
 from workers.actor_train import policy_objective
+from workers.critic import CriticWorker, value_objective
 
 GAE = ["adv_estimator=gae", "critic={training_args: {per_device_train_batch_size: 64, gradient_accumulation_steps: 2}}"]
 
@@ -269,6 +270,142 @@ def test_the_log_prob_stage_skips_actor_train_when_the_update_gives_them():
         assert pipeline.actor_train.calls == int(asks_actor)
         assert ("old_log_probs" in batch) == asks_actor
         assert pipeline.reference.calls == 1 and batch["ref_log_probs"].eq(-2.0).all()
+
+
+def offpolicy_batch() -> Batch:
+    """Three responses of three tokens: the third token of the second is padding, the third response is out of the
+    loss. Per token, old - infer log-prob: [0.5, -1, 0], [0, 1, pad], [2, 2, 2] (not in the loss)."""
+    return Batch(
+        {
+            "response_mask": torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
+            "sample_mask": torch.tensor([1.0, 1.0, 0.0]),
+            "old_log_probs": torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.2, -9.0], [-1.0, -1.0, -1.0]]),
+            "infer_log_probs": torch.tensor([[-1.5, -1.0, -0.5], [-0.3, -1.2, 0.0], [-3.0, -3.0, -3.0]]),
+        }
+    )
+
+
+def test_importance_weights_are_the_training_policy_over_the_sampling_one():
+    """RLVRPipeline.importance_weights on a hand-made batch: weight exp(old - infer) per token (the policy that is
+    trained over the one that sampled), truncated at infer_is_cap, its statistics over the tokens in the loss, and
+    the staleness in updates. Swapping the two log-probs changes every number checked here."""
+    pipeline = RLVRPipeline(config("infer_is_cap=1.5"))
+    pipeline.trained_version = 3
+    batch, metrics = pipeline.importance_weights(offpolicy_batch(), generated_with=2)
+    e = math.exp
+    in_loss = [0.5, -1.0, 0.0, 0.0, 1.0]  # old - infer on the 5 tokens in the loss
+    assert metrics["offpolicy/staleness"] == 1.0
+    assert metrics["offpolicy/is_weight_mean"] == pytest.approx(sum(e(x) for x in in_loss) / 5, rel=1e-6)
+    assert metrics["offpolicy/is_weight_max"] == pytest.approx(e(1.0), rel=1e-6)
+    assert metrics["offpolicy/is_truncated_frac"] == pytest.approx(2 / 5)  # e^0.5 and e^1 are above 1.5
+    # KL(mu || pi_old) by k3 from mu's samples: mean of e^x - 1 - x, x = old - infer
+    assert metrics["offpolicy/kl_infer_old"] == pytest.approx(sum(e(x) - 1 - x for x in in_loss) / 5, rel=1e-5)
+    # the weights: min(e^x, 1.5) on every response token (the loss's sample mask is applied with the loss)
+    expected = [[1.5, e(-1.0), 1.0], [1.0, 1.5, 0.0], [1.5, 1.5, 1.5]]
+    assert batch["infer_is_weights"].tolist() == [[pytest.approx(w, rel=1e-6) for w in row] for row in expected]
+
+    # without a cap: the statistics, no truncation and no weights
+    uncapped, metrics = RLVRPipeline(config()).importance_weights(offpolicy_batch(), generated_with=0)
+    assert "infer_is_weights" not in uncapped and metrics["offpolicy/is_truncated_frac"] == 0.0
+    assert metrics["offpolicy/staleness"] == 0.0
+    # without inference log-probs (not collected): the staleness alone
+    plain = offpolicy_batch().select(range(3))
+    plain = Batch({k: plain[k] for k in ("response_mask", "sample_mask", "old_log_probs")})
+    _, metrics = pipeline.importance_weights(plain, generated_with=1)
+    assert metrics == {"offpolicy/staleness": 2.0}
+
+
+# ------------------------------------------------------------------------------------------- critic objective
+
+
+def critic_batch() -> Batch:
+    """Three responses of three tokens (the second has two, the third is out of the loss) with the values that
+    computed the advantages (`values`) and the returns."""
+    return Batch(
+        {
+            "prompt_ids": torch.ones(3, 2, dtype=torch.long),
+            "prompt_mask": torch.ones(3, 2),
+            "response_ids": torch.ones(3, 3, dtype=torch.long),
+            "response_mask": torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
+            "sample_mask": torch.tensor([1.0, 1.0, 0.0]),
+            "values": torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
+            "returns": torch.tensor([[1.0, 0.0, 0.0], [2.0, 0.0, 5.0], [0.0, 0.0, 0.0]]),
+        }
+    )
+
+
+# The critic's new estimates, and per token 0.5 * max((v - R)^2, (v_old + clip(v - v_old, -0.2, 0.2) - R)^2):
+# row 0: 0.5 -> max(.25, .64) clipped; 0.1 -> .01 either way (a tie is not clipped); -0.5 -> max(.25, .04)
+# row 1: 1.5 -> max(.25, .64) clipped; 0.9 -> .81 either way; the third token is padding; row 2 is out of the loss.
+NEW_VALUES = [[0.5, 0.1, -0.5], [1.5, 0.9, 7.0], [3.0, 3.0, 3.0]]
+TOKEN_LOSS = [[0.32, 0.005, 0.125], [0.32, 0.405]]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("token-mean", sum(TOKEN_LOSS[0] + TOKEN_LOSS[1]) / 5),
+        ("seq-mean-token-mean", (sum(TOKEN_LOSS[0]) / 3 + sum(TOKEN_LOSS[1]) / 2) / 2),
+    ],
+    ids=["token-mean", "seq-mean-token-mean"],
+)
+def test_critic_objective_is_the_clipped_value_loss_aggregated_like_the_policys(mode, expected):
+    cfg = config(f"loss_agg_mode={mode}").config
+    batch = critic_batch()
+    norm = batch_normalizer(loss_mask(batch), mode)
+    values = torch.tensor(NEW_VALUES, requires_grad=True)
+    loss, parts = value_objective(values, batch, cfg, 0.2, norm, token_norm=5.0)
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
+    assert parts["value_loss"] == pytest.approx(expected, rel=1e-5)
+    assert parts["value_clipfrac"] == pytest.approx(2 / 5)  # a fraction of the tokens in the loss, in every mode
+    loss.backward()
+    # No gradient where the clipped term is the larger (it is constant in v past the clip), on padding or out of
+    # the loss; token-mean elsewhere: (v - R) / 5
+    grad = values.grad.tolist()
+    assert grad[0][0] == 0.0 and grad[1][0] == 0.0 and grad[1][2] == 0.0 and grad[2] == [0.0, 0.0, 0.0]
+    if mode == "token-mean":
+        assert grad[0][1:] == [pytest.approx(0.1 / 5), pytest.approx(-0.5 / 5)]
+        assert grad[1][1] == pytest.approx(0.9 / 5)
+    # in micro-batches with the mini-batch's normalisers: the same loss and clip fraction, summed
+    total, clipfrac = 0.0, 0.0
+    for rows in ([0], [1, 2]):
+        part, diag = value_objective(values[rows].detach(), batch.select(rows), cfg, 0.2, norm, token_norm=5.0)
+        total, clipfrac = total + float(part), clipfrac + diag["value_clipfrac"]
+    assert total == pytest.approx(expected, rel=1e-5) and clipfrac == pytest.approx(2 / 5)
+    # value_clip unset: the plain squared error, nothing clipped
+    plain, parts = value_objective(values.detach(), batch, cfg, None, norm, token_norm=5.0)
+    assert parts["value_clipfrac"] == 0.0
+    if mode == "token-mean":
+        assert float(plain) == pytest.approx((0.125 + 0.005 + 0.125 + 0.125 + 0.405) / 5, rel=1e-5)
+
+
+class FixedValues(torch.nn.Module):
+    """A value model whose estimate at the state before response token t is a fixed table's (B, R) entry."""
+
+    def __init__(self, values: list[list[float]]) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.tensor(values))
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        batch, width = input_ids.shape
+        before = torch.zeros(batch, width - self.table.shape[1] - 1)
+        logits = torch.cat([before, self.table, torch.zeros(batch, 1)], dim=1).unsqueeze(-1)
+        return type("Output", (), {"logits": logits})()
+
+
+def test_the_critic_workers_objective_reads_its_model_and_its_sections_value_clip():
+    cfg = config("adv_estimator=gae", "critic={value_clip: 0.2}").config
+    worker = CriticWorker.__new__(CriticWorker)  # the objective alone: no Ray actor, no DeepSpeed engine
+    worker.cfg, worker.section = cfg, cfg.critic
+    worker.strategy = type("Strategy", (), {"engine": FixedValues(NEW_VALUES)})()
+    batch = critic_batch()
+    norm = batch_normalizer(loss_mask(batch), cfg.loss_agg_mode)
+    loss, parts = worker.objective(batch, norm, token_norm=5.0)
+    want, want_parts = value_objective(torch.tensor(NEW_VALUES), batch, cfg, 0.2, norm, 5.0)
+    assert float(loss.detach()) == pytest.approx(float(want)) and parts == pytest.approx(want_parts)
+    assert parts["value_clipfrac"] == pytest.approx(2 / 5)
+    loss.backward()
+    assert worker.strategy.engine.table.grad.abs().sum() > 0
 
 
 # ------------------------------------------------------------------------------------------- actor objective

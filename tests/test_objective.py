@@ -225,7 +225,7 @@ def test_diagnostics_are_fractions_of_tokens_in_every_mode(mode):
     """clipfrac, dual_clipfrac and approx_kl are token means whatever loss_agg_mode is, and add up over micro-batches
     to the mini-batch's token mean."""
     cfg = config("ppo_clip", "k3", mode)
-    log_probs, entropy, batch = inputs(1)
+    log_probs, entropy, batch = inputs(3)  # seed 3: a token is dual-clipped
     mask = loss_mask(batch)
     tokens = float(mask.sum())
     norm = batch_normalizer(mask, mode)
@@ -233,12 +233,15 @@ def test_diagnostics_are_fractions_of_tokens_in_every_mode(mode):
     adv = batch["advantages"]
     ratio = log_ratio.exp()
     clipped = (-adv * ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH)) > (-adv * ratio)
+    # dual clip: a negative advantage whose PPO loss max(-A r, -A clip(r)) is above the cap -c A
+    dual = (adv < 0) & (torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH)) > -adv * DUAL_C)
     want = {
         "clipfrac": float((clipped * mask).sum()) / tokens,
+        "dual_clipfrac": float((dual * mask).sum()) / tokens,
         "approx_kl": float((-log_ratio * mask).sum()) / tokens,
         "entropy": float((entropy.detach() * mask).sum()) / tokens,
     }
-    assert 0 < want["clipfrac"] < 1
+    assert 0 < want["clipfrac"] < 1 and 0 < want["dual_clipfrac"] < 1
     sums: dict[str, float] = {}
     for rows in (range(0, 2), range(2, 5), range(5, 6)):
         micro = batch.select(rows)
@@ -247,7 +250,6 @@ def test_diagnostics_are_fractions_of_tokens_in_every_mode(mode):
             sums[k] = sums.get(k, 0.0) + float(v)
     for key, value in want.items():
         assert sums[key] == pytest.approx(value, rel=1e-5), key
-    assert 0 <= sums["dual_clipfrac"] <= 1
 
 
 def reference_clipped(loss: str, lp, old, adv, mask) -> torch.Tensor:

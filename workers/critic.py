@@ -8,9 +8,24 @@ from torch import nn
 from roll_pipeline.algorithms import aggregate_loss
 from roll_pipeline.algorithms.value import clipped_value_loss
 from roll_pipeline.batch import Batch, loss_mask
+from roll_pipeline.config import PipelineConfig
 from roll_pipeline.models.forward import batched_values, response_values
 from workers.strategies.loading import load_value_model
 from workers.training import TrainedWorker, loss_scale
+
+
+def value_objective(
+    values: torch.Tensor, micro: Batch, cfg: PipelineConfig, value_clip: float | None, norm: float, token_norm: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's critic loss (already divided by the mini-batch normaliser `norm`): the clipped value loss
+    of `values` (B, R) against the batch's returns, around the values that computed the advantages, aggregated
+    with loss_agg_mode. `value_clipfrac` is a fraction of tokens in every mode, divided by `token_norm` (the
+    mini-batch's token count; see actor_train.policy_objective)."""
+    per_token, clipped = clipped_value_loss(values, micro["values"], micro["returns"], value_clip)
+    mask = loss_mask(micro)
+    loss = aggregate_loss(per_token, mask, cfg.loss_agg_mode, norm, loss_scale(cfg))
+    clipfrac = aggregate_loss(clipped, mask, "token-mean", token_norm)
+    return loss, {"value_loss": float(loss.detach()), "value_clipfrac": float(clipfrac)}
 
 
 class CriticWorker(TrainedWorker):
@@ -32,9 +47,4 @@ class CriticWorker(TrainedWorker):
 
     def objective(self, micro: Batch, norm: float, token_norm: float) -> tuple[torch.Tensor, dict[str, float]]:
         values = response_values(self.strategy.engine, micro)
-        per_token, clipped = clipped_value_loss(values, micro["values"], micro["returns"], self.section.value_clip)
-        mask = loss_mask(micro)
-        loss = aggregate_loss(per_token, mask, self.cfg.loss_agg_mode, norm, loss_scale(self.cfg))
-        # value_clipfrac is a fraction of tokens in every mode (see actor_train.policy_objective)
-        clipfrac = aggregate_loss(clipped, mask, "token-mean", token_norm)
-        return loss, {"value_loss": float(loss.detach()), "value_clipfrac": float(clipfrac)}
+        return value_objective(values, micro, self.cfg, self.section.value_clip, norm, token_norm)
