@@ -25,10 +25,12 @@ from roll_pipeline.config import load_config
 from roll_pipeline.driver.cli import main
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.driver.report import CHART_FILE, prompts_file, table_file
-from roll_pipeline.driver.significance import intervals, outcomes_from_table
+from roll_pipeline.driver.significance import outcomes_from_table
 from roll_pipeline.tracking.mlflow_tracker import server_reachable
 from tests.conftest import EXAMPLES, ROOT
+from tests.metric_oracles import majority, pass_at, prompt_shares, wilson_by_inversion
 from tests.test_pipeline_integration import SMALL
+from workers.rewards.math_rule import MathRuleScorer
 
 ARTIFACTS = ROOT / "test-artifacts"
 VAL_TAGS = ["add", "arith", "list", "string"]  # the tags of the first 4 validation prompts of each domain
@@ -100,6 +102,11 @@ class MlflowServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.proc = None
+
+
+def metric_at(client, run_id: str, key: str, step: int) -> float:
+    (value,) = [m.value for m in client.get_metric_history(run_id, key) if m.step == step]
+    return value
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +218,13 @@ def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, caps
             want = sum(v == "correct" for v in verdicts) / len(verdicts)
             (got,) = [m.value for m in client.get_metric_history(run_id, f"val_correct/{scope}/mean") if m.step == step]
             assert got == pytest.approx(want), (step, scope)
+            for k in (1, 2):
+                got = metric_at(client, run_id, f"val_correct/{scope}/pass_at_{k}", step)
+                assert got == pytest.approx(pass_at(members, k), nan_ok=True), (step, scope, k)
+        # maj@2 for the math tag (its answers are voted on with the math rule's answer key), from the responses
+        votes = [r for r in rows if r["tag"] == "add"]
+        got = metric_at(client, run_id, "val_correct/add/maj_at_2", step)
+        assert got == pytest.approx(majority(votes, MathRuleScorer().answer_key)), step
         # every prompt's outcome, as the per-prompt table has it, and the intervals and changes built on them
         outcomes = outcomes_from_table(
             json.loads(Path(client.download_artifacts(run_id, prompts_file(step), str(tmp_path))).read_text())
@@ -219,10 +233,11 @@ def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, caps
             domain, pid = key.split("/", 1)
             mine = [r for r in rows if r["domain"] == domain and r["prompt_id"] == pid and r["verdict"] != "masked"]
             assert (outcome.correct, outcome.scored) == (sum(r["verdict"] == "correct" for r in mine), len(mine))
-        for scope, interval in intervals(outcomes).items():
-            for end in ("low", "high"):
-                (got,) = [m.value for m in client.get_metric_history(run_id, f"val_ci/{scope}/{end}") if m.step == step]
-                assert got == pytest.approx(getattr(interval, end)), (step, scope, end)
+        # the 95% intervals, over prompts (each counts its share of correct responses), from the sample table
+        for scope, members in [("all", rows), *((t, [r for r in rows if r["tag"] == t]) for t in VAL_TAGS)]:
+            low, high = wilson_by_inversion(prompt_shares(members))
+            assert metric_at(client, run_id, f"val_ci/{scope}/low", step) == pytest.approx(low, abs=1e-9), (step, scope)
+            assert metric_at(client, run_id, f"val_ci/{scope}/high", step) == pytest.approx(high, abs=1e-9), (step, scope)
         paired = [m.value for m in client.get_metric_history(run_id, "val_change/all/paired") if m.step == step]
         assert paired == ([] if step == 0 else [float(len(outcomes))])  # compared with the validation before
         for domain in ("math", "code"):

@@ -301,3 +301,46 @@ def test_accuracy_is_the_reward_workers_verdict_not_a_positive_score():
     assert r["reward/code/correct"] == pytest.approx(1 / 3)
     assert r["reward/code/score"] == pytest.approx(1.75 / 3)
     assert sample_table(records, 10)["verdict"] == ["correct", "wrong", "wrong", "masked"]
+
+
+def test_metrics_recomputed_from_the_logged_sample_table_agree():
+    """The validation metrics and the sample table a run logs are built from the same records; pass@k, maj@k and
+    the intervals recomputed from the table's rows alone (tests/metric_oracles.py, written from the definitions)
+    equal the logged ones, on records where every rule matters: majorities, ties, no answer, masked responses."""
+    from roll_pipeline.driver.report import sample_table
+    from roll_pipeline.driver.significance import intervals, prompt_outcomes
+    from tests.metric_oracles import majority, pass_at, prompt_shares, wilson_by_inversion
+
+    def math(pid, answers, right="5"):
+        return [
+            rec("math", "add", None, pid=pid) if a is None
+            else rec("math", "add", a == right, pid=pid, text="no answer" if a == "" else f"so \\boxed{{{a}}}")
+            for a in answers
+        ]
+
+    records = [
+        *math("m1", ["5", "5", "6"]),  # the majority is right
+        *math("m2", ["5", "6", "7"]),  # a three-way tie, one of them right: 1/3
+        *math("m3", ["6", "6", "5"]),  # the majority is wrong
+        *math("m4", ["", "", "5"]),  # two responses state nothing: the one answer wins
+        *math("m5", ["5", None, None]),  # one scored response: no pass@2 for this prompt
+        *math("m6", ["", "", ""]),  # no answer at all: 0
+        rec("code", "list", True, pid="c1"), rec("code", "list", False, pid="c1"), rec("code", "list", False, pid="c1"),
+        rec("code", "list", False, pid="c2"), rec("code", "list", None, pid="c2"), rec("code", "list", False, pid="c2"),
+    ]
+    metrics = validation_metrics(records, {"math": MathRuleScorer().answer_key, "code": None})
+    table = sample_table(records, rows_per_tag=100)
+    rows = [dict(zip(table, values, strict=True)) for values in zip(*table.values(), strict=True)]
+    assert len(rows) == len(records)
+    scopes = {"all": rows, "add": [r for r in rows if r["tag"] == "add"], "list": [r for r in rows if r["tag"] == "list"]}
+    for scope, members in scopes.items():
+        for k in (1, 2, 3):
+            assert metrics[f"val_correct/{scope}/pass_at_{k}"] == pytest.approx(pass_at(members, k)), (scope, k)
+    want = majority(scopes["add"], MathRuleScorer().answer_key)
+    assert want == pytest.approx((1 + 1 / 3 + 0 + 1 + 1 + 0) / 6)  # the oracle itself, by hand
+    assert metrics["val_correct/add/maj_at_3"] == pytest.approx(want)
+    assert "val_correct/list/maj_at_3" not in metrics and "val_correct/all/maj_at_3" not in metrics
+    # the intervals (val_ci/<scope>/low and high) against the score test inverted numerically
+    got = intervals(prompt_outcomes(records))
+    for scope, members in scopes.items():
+        assert (got[scope].low, got[scope].high) == pytest.approx(wilson_by_inversion(prompt_shares(members)), abs=1e-9)
