@@ -334,6 +334,20 @@ def test_dual_clip_caps_the_loss_of_negative_advantages():
     assert float(undual[0, 0]) == pytest.approx(math.exp(1.5))
 
 
+
+def test_a_loss_exactly_at_the_dual_clip_cap_is_not_dual_clipped():
+    """At a tie (loss = -c A exactly) nothing is capped: the token is not counted in dual_clipfrac and keeps its
+    gradient, as a ratio exactly at a PPO clip bound is not counted in clipfrac (the diagnostics count tokens
+    whose loss the clip changed). Here r = e^ln3 = 3 exactly in float32, A = -1, c = 3."""
+    new = torch.tensor([[math.log(3.0), math.log(3.0)]], requires_grad=True)
+    assert float(new[0, 0].exp()) == 3.0
+    adv = torch.tensor([[-1.0, -1.0]])
+    loss, diag = ppo_clip(new, torch.tensor([[0.0, -0.1]]), adv, torch.ones(1, 2), clip_low=0.2, clip_high=0.2,
+                          dual_clip_c=3.0)
+    assert diag["dual_clipped"].tolist() == [[0.0, 1.0]]  # the second token: r = 3 e^0.1, above the cap
+    loss.sum().backward()
+    assert float(loss[0, 0]) == 3.0 and float(new.grad[0, 0]) == pytest.approx(3.0)
+
 def test_gspo_uses_the_sequence_ratio_and_its_gradient():
     old = torch.zeros(2, 3)
     new = torch.tensor([[0.1, 0.3, 7.0], [0.1, 0.3, 7.0]], requires_grad=True)  # 7.0 is padding

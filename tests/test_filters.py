@@ -51,6 +51,24 @@ def test_std_filter_threshold():
     assert std_filter(scores, min_std=0.06) is False
 
 
+def test_the_filters_tolerances_are_exact_boundaries():
+    """Each filter's bound, offset by its 1e-12 rounding tolerance, lands exactly on a float here, so the side of the
+    comparison it falls on is tested: std_filter keeps a group only when its std is above min_std + 1e-12 (a std
+    equal to that is dropped); mean_filter keeps a mean equal to low - 1e-12 or high + 1e-12 (the interval is
+    closed, widened by the tolerance)."""
+    scores = group(0.0, 1.0)  # population std 0.5 and mean 0.5, both exact
+    at = 0.5 - 1e-12
+    assert at + 1e-12 == 0.5  # the std is exactly min_std + 1e-12
+    assert std_filter(scores, min_std=at) is False
+    assert std_filter(scores, min_std=at - 1e-12) is True
+    low, high = 0.5 + 1e-12, 0.5 - 1e-12
+    assert low - 1e-12 == 0.5 and high + 1e-12 == 0.5  # the mean is exactly on each widened bound
+    assert mean_filter(scores, low=low, high=1.0) is True
+    assert mean_filter(scores, low=0.0, high=high) is True
+    assert mean_filter(scores, low=low + 1e-12, high=1.0) is False
+    assert mean_filter(scores, low=0.0, high=high - 1e-12) is False
+
+
 def test_mean_filter_keeps_groups_inside_the_interval_inclusive():
     assert mean_filter(group(1.0, 0.0), low=0.5, high=0.5) is True
     assert mean_filter(group(1.0, 1.0), low=0.0, high=0.9) is False
