@@ -104,6 +104,11 @@ mutation: install
 	$(BIN)/pip install --quiet -c $(VENV)/mutation-constraints.txt -e ".[mutation]"
 	$(BIN)/python -m mutation.run $(MUTATION_ARGS) $(MODULES)
 
+# Whether MUTATION.md still describes the sources it names (seconds; no cosmic-ray needed).
+.PHONY: mutation-check
+mutation-check: install
+	$(BIN)/python -m mutation.run --check
+
 # Debian's Chromium and ChromeDriver for the test that opens the MLflow UI (skipped when both are there).
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \

@@ -10,6 +10,14 @@ each in its own copy (cosmic-ray's http workers). The counts and the surviving m
 from every result there, so modules can be run one at a time. Not part of `make test`: a module takes minutes
 to an hour on 2 cores.
 
+A target may name `functions` (qualified names, "Class.method" for a method): then only the mutants inside
+those functions run (the rest of the module is glue the target's tests do not aim at); the report names them.
+
+Each result records the sha256 of the module it mutated. `--check` (run by `make test`, tests/test_mutation_report.py)
+fails when a saved result is older than its module (the source changed since: its counts and its survivors'
+line numbers describe another file), when a result was made with other tests, marker selection or functions than
+its target names now, or when MUTATION.md is not what the saved results give.
+
 `--survivors` runs again only the mutants that survived a module's saved run (after tests were added) and
 updates its counts: the mutants the saved run caught stay caught, since tests were only added. It refuses a
 module whose source changed since that run (its sha256 is in the result): then its mutants are not the same.
@@ -22,6 +30,7 @@ import ast
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -63,8 +72,11 @@ def copy_tree(dest: Path) -> None:
             os.symlink(ROOT / name, dest / name)
 
 
-def test_command(tests: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
+def test_command(tests: list[str], select: str | None = None) -> list[str]:
+    """pytest on the target's test files; `select` a marker expression (a target's "not slow" leaves out its
+    files' Ray and end-to-end tests, which would cost minutes per mutant)."""
+    marker = ["-m", select] if select else []
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *marker, *tests]
 
 
 def free_port() -> int:
@@ -87,6 +99,47 @@ def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]
             found.append(node.annotation)
         spans += [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)) for a in found]
     return spans
+
+
+def function_spans(source: str, names: list[str]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) positions of the named functions ("f", or "Class.method"), decorators included; an error
+    naming any that the module does not define."""
+    found: dict[str, ast.AST] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef):
+                    found[name] = child
+                visit(child, name + ".")
+
+    visit(ast.parse(source), "")
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise SystemExit(f"functions not in the module: {missing}; it defines {sorted(found)}")
+    spans = []
+    for name in names:
+        node = found[name]
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        spans.append(((first, 0), (node.end_lineno, node.end_col_offset)))
+    return spans
+
+
+def skip_outside(session: Path, spans: list) -> int:
+    """Marks the mutants outside `spans` skipped (the target names only some functions); returns how many."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    skipped = 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in list(db.pending_work_items):
+            (mutation,) = item.mutations
+            start = tuple(mutation.start_pos)
+            if not any(lo <= start < hi for lo, hi in spans):
+                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="outside"))
+                skipped += 1
+    return skipped
 
 
 def skip_annotations(session: Path, source: str) -> int:
@@ -150,7 +203,7 @@ def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict
     """Mutate one module, `workers` mutants at a time, each worker in a fresh copy of the tree (cosmic-ray
     mutates the file in place); returns the results. With `survivors_only`, only the saved run's survivors run
     and the saved counts are updated."""
-    module, tests = target["module"], target["tests"]
+    module, tests, select = target["module"], target["tests"], target.get("select")
     saved = saved_survivors(module) if survivors_only else None
     with tempfile.TemporaryDirectory(prefix="roll-mutation-") as tmp:
         copies = [Path(tmp) / f"copy{i}" for i in range(workers)]
@@ -160,7 +213,7 @@ def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict
         work = copies[0]
         env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
         started = time.monotonic()
-        baseline = subprocess.run(test_command(tests), cwd=work, env=env, capture_output=True, text=True)
+        baseline = subprocess.run(test_command(tests, select), cwd=work, env=env, capture_output=True, text=True)
         if baseline.returncode != 0:
             raise SystemExit(f"{module}: its tests fail without any mutation:\n{baseline.stdout[-3000:]}")
         limit = max(60.0, 3 * (time.monotonic() - started))
@@ -171,7 +224,7 @@ def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict
             f'module-path = "{module}"\n'
             f"timeout = {limit:.0f}\n"
             "excluded-modules = []\n"
-            f"test-command = {json.dumps(' '.join(test_command(tests)))}\n"
+            f"test-command = {json.dumps(shlex.join(test_command(tests, select)))}\n"
             '[cosmic-ray.distributor]\nname = "http"\n'
             "[cosmic-ray.distributor.http]\n"
             f"worker-urls = {json.dumps([f'http://127.0.0.1:{p}' for p in ports])}\n"
@@ -179,16 +232,20 @@ def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict
         session = Path(tmp) / "session.sqlite"
         cosmic = [sys.executable, "-m", "cosmic_ray.cli"]
         subprocess.run([*cosmic, "init", str(config), str(session)], cwd=work, env=env, check=True)
-        skipped = skip_annotations(session, (ROOT / module).read_text())
-        total = count_mutants(session)
+        source = (ROOT / module).read_text()
+        skipped = skip_annotations(session, source)
+        functions = target.get("functions", [])
+        outside = skip_outside(session, function_spans(source, functions)) if functions else 0
+        total = count_mutants(session) - outside
         if saved is not None:
             ids = {m["id"] for m in saved["survivors"]}
             left = skip_all_but(session, ids)
             if left != len(ids):
                 raise SystemExit(f"{module}: {len(ids) - left} saved survivors are not among the mutants now")
             print(f"{module}: of {total - skipped} mutants, the saved run's {left} survivors only", flush=True)
+        scope = f" in {', '.join(functions)}" if functions else ""
         print(
-            f"{module}: {total - skipped} mutants ({skipped} in annotations not run), tests {' '.join(tests)}, "
+            f"{module}: {total - skipped} mutants{scope} ({skipped} in annotations not run), tests {' '.join(tests)}, "
             f"limit {limit:.0f} s each, {workers} at a time",
             flush=True,
         )
@@ -223,6 +280,8 @@ def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict
         "module": module,
         "source_sha256": source_sha256(module),
         "tests": tests,
+        "functions": target.get("functions", []),
+        "select": select,
         "goal": target["goal"],
         "limit_s": round(limit),
         "run_s": run_s,
@@ -283,13 +342,23 @@ def summarize(mutants: list[dict]) -> dict[str, int]:
     return counts
 
 
-def write_report(explained: dict[str, dict[str, str]]) -> None:
-    targets, _ = load_targets()
-    order = [t["module"] for t in targets]
+def saved_results() -> dict[str, dict]:
     results = {}
     for path in RESULTS.glob("*.json"):
         data = json.loads(path.read_text())
         results[data["module"]] = data
+    return results
+
+
+def write_report(explained: dict[str, dict[str, str]]) -> None:
+    REPORT.write_text(render_report(explained))
+
+
+def render_report(explained: dict[str, dict[str, str]]) -> str:
+    targets, _ = load_targets()
+    order = [t["module"] for t in targets]
+    goals = {t["module"]: t["goal"] for t in targets}
+    results = saved_results()
     lines = [
         "# Mutation testing",
         "",
@@ -308,22 +377,47 @@ def write_report(explained: dict[str, dict[str, str]]) -> None:
             continue
         r = results[module]
         c = r["counts"]
+        name = f"{module} ({', '.join(r['functions'])})" if r.get("functions") else module
         n = sum(c.values())
         caught = (c["killed"] + c["timed out"]) / n if n else 1.0
-        mark = "" if caught >= r["goal"] else " (below)"
+        goal = goals[module]
+        mark = "" if caught >= goal else " (below)"
         lines.append(
-            f"| {module} | {n} | {c['killed']} | {c['timed out']} | {c['survived']} | {c['other']} | "
-            f"{caught:.1%}{mark} | {r['goal']:.0%} | {r['run_s'] / 60:.0f} min |"
+            f"| {name} | {n} | {c['killed']} | {c['timed out']} | {c['survived']} | {c['other']} | "
+            f"{caught:.1%}{mark} | {goal:.0%} | {r['run_s'] / 60:.0f} min |"
         )
         survivors = r["survivors"]
         if survivors:
-            details += ["", f"## {module}", "", f"Tests: {' '.join(r['tests'])}", ""]
+            selected = f" (-m \"{r['select']}\")" if r.get("select") else ""
+            details += ["", f"## {name}", "", f"Tests: {' '.join(r['tests'])}{selected}", ""]
             notes = explained.get(module, {})
             for m in survivors:
                 why = notes.get(m["id"], "unexplained")
                 diff = m["diff"].replace("\n", " / ") or "(no diff)"
                 details.append(f"- `{m['id']}` ({m['outcome']}): `{diff}` — {why}")
-    REPORT.write_text("\n".join(lines + details) + "\n")
+    return "\n".join(lines + details) + "\n"
+
+
+def check() -> list[str]:
+    """What makes MUTATION.md out of date (empty when nothing does): see the module docstring."""
+    targets, explained = load_targets()
+    results = saved_results()
+    problems = []
+    for target in targets:
+        module = target["module"]
+        r = results.get(module)
+        if r is None:
+            continue  # "not run yet" in the report
+        if r.get("source_sha256") != source_sha256(module):
+            problems.append(f"{module}: changed since its mutation run (`make mutation MODULES={module}`)")
+        same_run = [r["tests"], r.get("functions", []), r.get("select")]
+        if same_run != [target["tests"], target.get("functions", []), target.get("select")]:
+            problems.append(f"{module}: its saved run used other tests, marker selection or functions than targets.toml")
+    for module in sorted(set(results) - {t["module"] for t in targets}):
+        problems.append(f"{module}: a saved result for a module that is not a target")
+    if not REPORT.is_file() or REPORT.read_text() != render_report(explained):
+        problems.append("MUTATION.md is not what the saved results give (`python -m mutation.run --report-only`)")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,9 +427,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--survivors", action="store_true", help="run only the saved run's survivors (the module unchanged)"
     )
+    parser.add_argument(
+        "--check", action="store_true", help="fail when a saved result is older than its module, or MUTATION.md stale"
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     args = parser.parse_args(argv)
     targets, explained = load_targets()
+    if args.check:
+        problems = check()
+        for line in problems:
+            print(line)
+        if not problems:
+            print(f"{REPORT.relative_to(ROOT)} is up to date with every module it names")
+        return 1 if problems else 0
     known = {t["module"]: t for t in targets}
     unknown = [m for m in args.modules if m not in known]
     if unknown:
