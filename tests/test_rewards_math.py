@@ -20,6 +20,7 @@ from workers.rewards.math_rule import (
     length_penalty,
     normalize_answer,
     parse_number,
+    reference_answer,
     thinking_well_formed,
 )
 from workers.rewards.registry import get_reward_scorer_cls
@@ -461,3 +462,25 @@ def test_works_off_the_main_thread(scorer):
     thread.start()
     thread.join(timeout=30)
     assert results and results[0].correct
+
+
+def test_the_reference_is_the_last_gsm8k_mark():
+    """A ground truth with several `#### ` lines (a worked solution that restates an intermediate result the GSM8K
+    way) is answered by its last one."""
+    truth = "first\n#### 3\nthen\n#### 5\nso\n#### 7"
+    assert reference_answer(truth) == "7"
+    assert reference_answer("#### 12") == "12"
+    assert MathRuleScorer().score("\\boxed{7}", truth).correct is True
+    assert MathRuleScorer().score("\\boxed{5}", truth).correct is False
+
+
+def test_the_answer_key_votes_by_value_for_numbers_and_by_text_otherwise():
+    """maj@k's key (roll_pipeline/driver/validation.py): equal numbers are one vote however they are written, other
+    answers compare by their stripped text, and a response stating no answer gives no vote."""
+    scorer = MathRuleScorer()
+    assert MathRuleScorer.has_answer_key is True
+    assert scorer.answer_key("so \\boxed{57.0}") == scorer.answer_key("The answer is 57") == 57
+    assert scorer.answer_key("\\boxed{ \\frac{1}{2} }") == "\\frac{1}{2}"
+    assert scorer.answer_key("\\boxed{57}") != scorer.answer_key("\\boxed{58}")
+    assert scorer.answer_key("nothing stated") is None
+    assert scorer.answer_key(None) is None and scorer.answer_key("") is None
