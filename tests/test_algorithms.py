@@ -19,6 +19,7 @@ from roll_pipeline.algorithms import (
     batch_normalizer,
 )
 from roll_pipeline.algorithms.advantages import (
+    advantage_metrics,
     discounted_returns,
     group_statistics,
     masked_whiten,
@@ -670,3 +671,25 @@ def test_discounted_returns_are_zero_on_padding():
     # gamma 0.5: row 0 from the end 3, 2 + 1.5, 1 + 1.75; row 1 ends at its second token
     assert discounted_returns(rewards, mask, 0.5).tolist() == [[2.75, 3.5, 3.0], [8.5, 7.0, 0.0]]
 
+
+
+def test_advantage_metrics_per_domain_over_the_tokens_in_the_loss():
+    """advantages/<domain>/{mean,std,abs_max} over each domain's tokens in the loss and over all of them: masked
+    tokens (advantage 0 there) are left out, a domain with no token in the loss reports nothing (and the domains
+    after it still report), and one token has std 0 (torch's unbiased std of one value would be nan)."""
+    advantages = torch.tensor([[1.0, 3.0], [0.0, 0.0], [2.0, 0.0], [-2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    metrics = advantage_metrics(advantages, mask, ["math", "code", "judge", "math"])
+    assert set(metrics) == {f"advantages/{d}/{s}" for d in ("all", "math", "judge") for s in ("mean", "std", "abs_max")}
+    # math: 1, 3, -2; judge: 2; all: 1, 3, 2, -2 (sample standard deviations)
+    assert metrics["advantages/math/mean"] == pytest.approx(2 / 3)
+    assert metrics["advantages/math/std"] == pytest.approx(math.sqrt((1 / 9 + 49 / 9 + 64 / 9) / 2))
+    assert metrics["advantages/math/abs_max"] == 3.0
+    assert (metrics["advantages/judge/mean"], metrics["advantages/judge/std"], metrics["advantages/judge/abs_max"]) == (
+        2.0,
+        0.0,
+        2.0,
+    )
+    assert metrics["advantages/all/mean"] == pytest.approx(1.0)
+    assert metrics["advantages/all/std"] == pytest.approx(math.sqrt(14 / 3))
+    assert metrics["advantages/all/abs_max"] == 3.0
