@@ -676,12 +676,14 @@ def test_discounted_returns_are_zero_on_padding():
 def test_advantage_metrics_per_domain_over_the_tokens_in_the_loss():
     """advantages/<domain>/{mean,std,abs_max} over each domain's tokens in the loss and over all of them: masked
     tokens (advantage 0 there) are left out, a domain with no token in the loss reports nothing (and the domains
-    after it still report), and one token has std 0 (torch's unbiased std of one value would be nan)."""
-    advantages = torch.tensor([[1.0, 3.0], [0.0, 0.0], [2.0, 0.0], [-2.0, 0.0]])
-    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
-    metrics = advantage_metrics(advantages, mask, ["math", "code", "judge", "math"])
-    assert set(metrics) == {f"advantages/{d}/{s}" for d in ("all", "math", "judge") for s in ("mean", "std", "abs_max")}
-    # math: 1, 3, -2; judge: 2; all: 1, 3, 2, -2 (sample standard deviations)
+    after it still report), one token has std 0 (torch's unbiased std of one value would be nan), two have their
+    sample std."""
+    advantages = torch.tensor([[1.0, 3.0], [0.0, 0.0], [2.0, 0.0], [-2.0, 0.0], [0.5, -0.5]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    metrics = advantage_metrics(advantages, mask, ["math", "code", "judge", "math", "open"])
+    scopes = ("all", "math", "judge", "open")
+    assert set(metrics) == {f"advantages/{d}/{s}" for d in scopes for s in ("mean", "std", "abs_max")}
+    # math: 1, 3, -2; judge: 2; open: 0.5, -0.5; all: the six (sample standard deviations)
     assert metrics["advantages/math/mean"] == pytest.approx(2 / 3)
     assert metrics["advantages/math/std"] == pytest.approx(math.sqrt((1 / 9 + 49 / 9 + 64 / 9) / 2))
     assert metrics["advantages/math/abs_max"] == 3.0
@@ -690,6 +692,7 @@ def test_advantage_metrics_per_domain_over_the_tokens_in_the_loss():
         0.0,
         2.0,
     )
-    assert metrics["advantages/all/mean"] == pytest.approx(1.0)
-    assert metrics["advantages/all/std"] == pytest.approx(math.sqrt(14 / 3))
+    assert metrics["advantages/open/std"] == pytest.approx(math.sqrt(0.5))
+    assert metrics["advantages/all/mean"] == pytest.approx(2 / 3)
+    assert metrics["advantages/all/std"] == pytest.approx(math.sqrt(570 / 36 / 5))
     assert metrics["advantages/all/abs_max"] == 3.0
