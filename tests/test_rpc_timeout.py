@@ -68,14 +68,17 @@ def test_an_actor_whose_start_raises_is_named_with_its_error(local_ray):
 
 def test_a_worker_that_does_not_answer_is_named_within_the_bound(local_ray, tmp_path):
     cluster = Cluster("actor_train", Stuck, world_size=2, num_cpus=0.1, num_gpus=0,
-                      worker_kwargs={"done_dir": str(tmp_path)}, rpc_timeout_s=2.0)
+                      worker_kwargs={"done_dir": str(tmp_path)}, rpc_timeout_s=5.0)
     try:
+        # Started first, under its own bound: on a loaded machine starting the actors alone took over 2 s, and the
+        # first call, bounded by rpc_timeout_s, failed before any work (a fresh-clone run of make test).
+        wait_started(*cluster.ready_calls(), 120.0)
         assert cluster.call("work", 0.0) == [0, 1]
-        with pytest.raises(RpcTimeoutError, match=r"^actor_train\[1\]\.work did not answer within 2 s \(ray\.rpc_timeout_s\)"):
-            cluster.call("work", 60.0)
-        # An event, not a clock: the call gave up while rank 1 still hangs (its 60 s are not over).
-        assert not (tmp_path / "done-60.0").exists()
-        assert cluster.call_rank0("work", 60.0) == 0  # rank 0 alone is not stuck
+        with pytest.raises(RpcTimeoutError, match=r"^actor_train\[1\]\.work did not answer within 5 s \(ray\.rpc_timeout_s\)"):
+            cluster.call("work", 300.0)
+        # An event, not a clock: the call gave up while rank 1 still hangs (its 300 s are not over).
+        assert not (tmp_path / "done-300.0").exists()
+        assert cluster.call_rank0("work", 300.0) == 0  # rank 0 alone is not stuck
     finally:
         cluster.shutdown()
 
