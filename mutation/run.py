@@ -126,39 +126,37 @@ def function_spans(source: str, names: list[str]) -> list[tuple[tuple[int, int],
     return spans
 
 
-def skip_outside(session: Path, spans: list) -> int:
-    """Marks the mutants outside `spans` skipped (the target names only some functions); returns how many."""
+def skip_pending(session: Path, skip, reason: str) -> int:
+    """Marks every mutant not yet run for which `skip(item)` holds skipped with `reason` (cosmic-ray then runs
+    none of them); returns how many."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
     skipped = 0
     with use_db(str(session), WorkDB.Mode.open) as db:
         for item in list(db.pending_work_items):
-            (mutation,) = item.mutations
-            start = tuple(mutation.start_pos)
-            if not any(lo <= start < hi for lo, hi in spans):
-                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="outside"))
+            if skip(item):
+                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output=reason))
                 skipped += 1
     return skipped
+
+
+def starts_in(item, spans: list) -> bool:
+    (mutation,) = item.mutations
+    return any(lo <= tuple(mutation.start_pos) < hi for lo, hi in spans)
+
+
+def skip_outside(session: Path, spans: list) -> int:
+    """Marks the mutants outside `spans` skipped (the target names only some functions); returns how many."""
+    return skip_pending(session, lambda item: not starts_in(item, spans), "outside")
 
 
 def skip_annotations(session: Path, source: str) -> int:
     """Marks the mutants inside annotations skipped (cosmic-ray's filters do the same); returns how many."""
-    from cosmic_ray.work_db import WorkDB, use_db
-    from cosmic_ray.work_item import WorkerOutcome, WorkResult
-
     if "from __future__ import annotations" not in source:
         return 0
     spans = annotation_spans(source)
-    skipped = 0
-    with use_db(str(session), WorkDB.Mode.open) as db:
-        for item in list(db.pending_work_items):
-            (mutation,) = item.mutations
-            start = tuple(mutation.start_pos)
-            if any(lo <= start < hi for lo, hi in spans):
-                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="annotation"))
-                skipped += 1
-    return skipped
+    return skip_pending(session, lambda item: starts_in(item, spans), "annotation")
 
 
 def source_sha256(module: str) -> str:
@@ -176,17 +174,15 @@ def mutant_id(item) -> str:
 
 def skip_all_but(session: Path, ids: set[str]) -> int:
     """Marks every mutant not in `ids` skipped (caught by the saved run); returns how many are left to run."""
-    from cosmic_ray.work_db import WorkDB, use_db
-    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+    skip_pending(session, lambda item: mutant_id(item) not in ids, "caught before")
+    return len(pending_ids(session))
 
-    left = 0
+
+def pending_ids(session: Path) -> list[str]:
+    from cosmic_ray.work_db import WorkDB, use_db
+
     with use_db(str(session), WorkDB.Mode.open) as db:
-        for item in list(db.pending_work_items):
-            if mutant_id(item) in ids:
-                left += 1
-            else:
-                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="caught before"))
-    return left
+        return [mutant_id(item) for item in db.pending_work_items]
 
 
 def saved_survivors(module: str) -> dict:
