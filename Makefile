@@ -104,7 +104,8 @@ mutation: install
 	$(BIN)/pip install --quiet -c $(VENV)/mutation-constraints.txt -e ".[mutation]"
 	$(BIN)/python -m mutation.run $(MUTATION_ARGS) $(MODULES)
 
-# Whether MUTATION.md still describes the sources it names (seconds; no cosmic-ray needed).
+# Whether MUTATION.md still describes the sources it names, every survivor explained (seconds; no cosmic-ray
+# needed). `make test` runs the same check (tests/test_mutation_report.py).
 .PHONY: mutation-check
 mutation-check: install
 	$(BIN)/python -m mutation.run --check

@@ -13,10 +13,15 @@ to an hour on 2 cores.
 A target may name `functions` (qualified names, "Class.method" for a method): then only the mutants inside
 those functions run (the rest of the module is glue the target's tests do not aim at); the report names them.
 
-Each result records the sha256 of the module it mutated. `--check` (run by `make test`, tests/test_mutation_report.py)
+Each result records the sha256 of the module it mutated. `--check` (run by `make test` in tests/test_mutation_report.py)
 fails when a saved result is older than its module (the source changed since: its counts and its survivors'
 line numbers describe another file), when a result was made with other tests, marker selection or functions than
 its target names now, or when MUTATION.md is not what the saved results give.
+
+A survivor's explanation (targets.toml's [explained."<module>"]) is keyed by its id, which moves with the source's
+line numbers. When a module is run again, each new survivor takes the explanation of the saved run's survivor with
+the same operator and diff (ids named in the texts are renamed with it); the survivors left without one are printed,
+and `--check` fails while any survivor is unexplained.
 
 `--survivors` runs again only the mutants that survived a module's saved run (after tests were added) and
 updates its counts: the mutants the saved run caught stay caught, since tests were only added. It refuses a
@@ -30,6 +35,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -286,6 +292,48 @@ def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict
     }
 
 
+MUTANT_ID = re.compile(r"\b\d+:core/\w+:\d+\b")
+
+
+def carried_explanations(previous: dict | None, result: dict, notes: dict[str, str]) -> tuple[dict[str, str], list]:
+    """The explanations for `result`'s survivors: each takes that of the previous run's survivor with the same
+    operator and diff (an id alone may name another mutant once lines moved), ids in the text renamed; with no
+    previous run, the notes by id. Returns them and the survivors left without one."""
+    key = lambda m: (m["operator"], m["diff"])  # noqa: E731
+    new_ids: dict[tuple, list[str]] = {}
+    for m in result["survivors"]:
+        new_ids.setdefault(key(m), []).append(m["id"])
+    old = previous["survivors"] if previous else []
+    rename = {}
+    for m in old:
+        ids = new_ids.get(key(m), [])
+        if ids:
+            rename[m["id"]] = m["id"] if m["id"] in ids else ids[0]
+    by_key = {key(m): notes[m["id"]] for m in old if m["id"] in notes}
+    out, missing = {}, []
+    for m in result["survivors"]:
+        why = by_key.get(key(m)) if previous else notes.get(m["id"])
+        if why is None:
+            missing.append(m)
+        else:
+            out[m["id"]] = MUTANT_ID.sub(lambda x: rename.get(x.group(0), x.group(0)), why)
+    return out, missing
+
+
+def with_explanations(text: str, module: str, notes: dict[str, str]) -> str:
+    """targets.toml's text with the [explained."<module>"] table replaced by `notes` (appended when absent)."""
+    header = f'[explained."{module}"]'
+    table = "\n".join([header] + [f"{json.dumps(i)} = {json.dumps(w, ensure_ascii=False)}" for i, w in notes.items()])
+    start = text.find(header + "\n")
+    if start < 0:
+        if "\n[explained]\n" not in "\n" + text:
+            text = text.rstrip("\n") + "\n\n[explained]\n"
+        return text.rstrip("\n") + "\n\n" + table + "\n"
+    end = text.find("\n[", start + len(header))
+    rest = text[end:].lstrip("\n") if end >= 0 else ""
+    return text[:start] + table + "\n" + ("\n" + rest if rest else "")
+
+
 def wait_for_port(port: int, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
     while True:
@@ -409,6 +457,9 @@ def check() -> list[str]:
         same_run = [r["tests"], r.get("functions", []), r.get("select")]
         if same_run != [target["tests"], target.get("functions", []), target.get("select")]:
             problems.append(f"{module}: its saved run used other tests, marker selection or functions than targets.toml")
+        unexplained = [m["id"] for m in r["survivors"] if m["id"] not in explained.get(module, {})]
+        if unexplained:
+            problems.append(f"{module}: survivors without an explanation in targets.toml: {', '.join(unexplained)}")
     for module in sorted(set(results) - {t["module"] for t in targets}):
         problems.append(f"{module}: a saved result for a module that is not a target")
     if not REPORT.is_file() or REPORT.read_text() != render_report(explained):
@@ -444,8 +495,14 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.mkdir(parents=True, exist_ok=True)
         for module in args.modules or list(known):
             result = run_target(known[module], args.workers, args.survivors)
+            previous = json.loads(result_path(module).read_text()) if result_path(module).is_file() else None
             result_path(module).write_text(json.dumps(result, indent=1) + "\n")
             print(f"{module}: {result['counts']}", flush=True)
+            notes, missing = carried_explanations(previous, result, explained.get(module, {}))
+            TARGETS.write_text(with_explanations(TARGETS.read_text(), module, notes))
+            targets, explained = load_targets()
+            for m in missing:
+                print(f"{module}: unexplained survivor {m['id']}: {m['diff']!r}", flush=True)
             write_report(explained)
     write_report(explained)
     print(f"wrote {REPORT.relative_to(ROOT)}")

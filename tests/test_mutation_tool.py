@@ -46,7 +46,10 @@ def tree(tmp_path, monkeypatch):
     (tmp_path / "pkg" / "mod.py").write_text(SOURCE)
     (tmp_path / "mutation" / "results").mkdir(parents=True)
     targets = tmp_path / "mutation" / "targets.toml"
-    targets.write_text('[[target]]\nmodule = "pkg/mod.py"\ntests = ["tests/test_mod.py"]\ngoal = 0.9\n')
+    targets.write_text(
+        '[[target]]\nmodule = "pkg/mod.py"\ntests = ["tests/test_mod.py"]\ngoal = 0.9\n\n'
+        '[explained]\n\n[explained."pkg/mod.py"]\n"5:core/X:0" = "equivalent"\n'
+    )
     monkeypatch.setattr(run, "ROOT", tmp_path)
     monkeypatch.setattr(run, "TARGETS", targets)
     monkeypatch.setattr(run, "RESULTS", tmp_path / "mutation" / "results")
@@ -64,7 +67,7 @@ def tree(tmp_path, monkeypatch):
         "survivors": [{"id": "5:core/X:0", "line": 5, "operator": "core/X", "outcome": "survived", "diff": ""}],
     }
     run.result_path("pkg/mod.py").write_text(json.dumps(result))
-    run.write_report({})
+    run.write_report(run.load_targets()[1])
     return tmp_path
 
 
@@ -99,3 +102,42 @@ def test_check_fails_on_a_result_whose_module_is_no_longer_a_target(tree):
     (tree / "pkg" / "other.py").write_text("")
     problems = run.check()
     assert "pkg/mod.py: a saved result for a module that is not a target" in problems
+
+
+def test_check_fails_while_a_survivor_is_unexplained(tree):
+    run.TARGETS.write_text(run.TARGETS.read_text().replace('"5:core/X:0" = "equivalent"\n', ""))
+    run.write_report(run.load_targets()[1])
+    assert run.check() == ["pkg/mod.py: survivors without an explanation in targets.toml: 5:core/X:0"]
+
+
+def survivor(line: int, operator: str, diff: str) -> dict:
+    return {"id": f"{line}:core/{operator}:0", "line": line, "operator": f"core/{operator}", "diff": diff}
+
+
+def test_explanations_follow_their_mutants_to_new_line_numbers():
+    previous = {"survivors": [survivor(5, "X", "-a\n+b"), survivor(7, "Y", "-c\n+d")]}
+    notes = {"5:core/X:0": "equivalent: why", "7:core/Y:0": "as 5:core/X:0"}
+    # Two lines were added above: the same mutants are now 7 and 9; a new mutant took id 7:core/Y:0's old place.
+    result = {"survivors": [survivor(7, "X", "-a\n+b"), survivor(7, "Y", "-e\n+f"), survivor(9, "Y", "-c\n+d")]}
+    carried, missing = run.carried_explanations(previous, result, notes)
+    assert carried == {"7:core/X:0": "equivalent: why", "9:core/Y:0": "as 7:core/X:0"}
+    assert [m["id"] for m in missing] == ["7:core/Y:0"]
+    # With no previous run the notes are taken by id.
+    assert run.carried_explanations(None, result, notes)[0] == {"7:core/Y:0": "as 5:core/X:0"}
+
+
+def test_explanations_table_is_replaced_or_appended_in_the_targets_text():
+    import tomllib
+
+    text = (
+        '[[target]]\nmodule = "a.py"\n\n[explained]\n\n[explained."a.py"]\n"1:core/X:0" = "old"\n\n'
+        '[explained."b.py"]\n"2:core/Y:0" = "kept"\n'
+    )
+    replaced = tomllib.loads(run.with_explanations(text, "a.py", {"3:core/X:0": 'new "quoted"'}))
+    assert replaced["explained"] == {"a.py": {"3:core/X:0": 'new "quoted"'}, "b.py": {"2:core/Y:0": "kept"}}
+    assert replaced["target"] == [{"module": "a.py"}]
+    appended = tomllib.loads(run.with_explanations(text, "c.py", {"4:core/Z:1": "c"}))
+    assert appended["explained"]["c.py"] == {"4:core/Z:1": "c"}
+    assert appended["explained"]["b.py"] == {"2:core/Y:0": "kept"}
+    fresh = tomllib.loads(run.with_explanations('[[target]]\nmodule = "a.py"\n', "a.py", {"1:core/X:0": "x"}))
+    assert fresh["explained"] == {"a.py": {"1:core/X:0": "x"}}
