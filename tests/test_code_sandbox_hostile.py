@@ -971,20 +971,25 @@ def test_a_worker_that_exits_without_closing_leaves_nothing(scorer):
         assert not [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{pid}-")]
 
 
+def start_orphan(python: str, uid: int, argv: list[str]) -> int:
+    """Start `argv` as `uid` from a parent that exits at once, so that the host's init adopts it; its pid."""
+    spawner = subprocess.run(
+        [python, "-c", "import subprocess as s, sys; print(s.Popen(sys.argv[1:], stdout=s.DEVNULL, stderr=s.DEVNULL).pid)", *argv],
+        capture_output=True,
+        user=uid,
+        check=True,
+        timeout=60,
+    )
+    return int(spawner.stdout)
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="starts processes as the sandbox user")
 def test_orphaned_sandbox_processes_are_killed_at_start_and_live_ones_are_not(scorer):
     uid = scorer.spec.effective_uid()
     python = scorer.spec.python  # an interpreter the sandbox user can run
     sleeper = [python, "-c", "import time; time.sleep(600)", LOAD_HARNESS]
     # An orphan (its parent exits at once, so the host's init adopts it) and a live worker's child.
-    spawner = subprocess.run(
-        [python, "-c", "import subprocess as s, sys; print(s.Popen(sys.argv[1:], stdout=s.DEVNULL, stderr=s.DEVNULL).pid)", *sleeper],
-        capture_output=True,
-        user=uid,
-        check=True,
-        timeout=60,
-    )
-    orphan = int(spawner.stdout)
+    orphan = start_orphan(python, uid, sleeper)
     live = subprocess.Popen(sleeper, user=uid)
     try:
         deadline = time.monotonic() + 10.0
@@ -1000,3 +1005,36 @@ def test_orphaned_sandbox_processes_are_killed_at_start_and_live_ones_are_not(sc
         live.wait()
         with contextlib.suppress(ProcessLookupError):
             os.kill(orphan, 9)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starts processes as the sandbox user")
+def test_an_orphan_and_the_sandbox_process_it_leaves_go_in_one_sweep(scorer):
+    """A scoring process killed while bubblewrap set a sandbox up leaves bubblewrap's outer process adopted by init,
+    and under it the namespace's first process (still bubblewrap, not yet the harness): init adopts that one only
+    once the outer one is dead. One sweep, as a new scorer makes at its start, must take both (a sweep that killed
+    the outer one alone left the inner one on the host until the next scorer started)."""
+    import psutil
+
+    uid = scorer.spec.effective_uid()
+    python = scorer.spec.python
+    inner = [python, "-c", "import time; time.sleep(600)", LOAD_HARNESS]
+    # The outer one holds 1 GiB: a process that is killed frees its memory before its children are adopted, so
+    # they stay its children for a while after the kill (as a loaded machine's bubblewrap does).
+    outer = [python, "-c", "import subprocess as s, sys, time; b = bytearray(1 << 30); s.Popen(sys.argv[1:]); time.sleep(600)", *inner]
+    orphan = psutil.Process(start_orphan(python, uid, outer))
+    try:
+        deadline = time.monotonic() + 30.0
+        while not orphan.children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (child,) = orphan.children()
+        assert orphan.ppid() == 1 and child.ppid() == orphan.pid  # the spawner has exited: init adopted the outer one
+        assert set(kill_orphaned_sandboxes(uid)) >= {orphan.pid, child.pid}
+        for process in (orphan, child):
+            assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    finally:
+        left = [orphan]
+        with contextlib.suppress(psutil.NoSuchProcess):
+            left += orphan.children()
+        for process in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()

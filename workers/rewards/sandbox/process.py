@@ -77,26 +77,41 @@ def parse_events(data: bytes) -> list[dict]:
     return events
 
 
-def kill_orphaned_sandboxes(uid: int) -> list[int]:
+def kill_orphaned_sandboxes(uid: int, settle_s: float = 5.0) -> list[int]:
     """Kill the sandbox processes of workers that are gone: those of ``uid`` whose command line is a sandbox's
     (the harness or its loader) and whose parent is the host's init. A worker killed by SIGKILL while bubblewrap
     was still setting a sandbox up leaves its namespace's first process waiting for a parent that never answers;
-    a live worker's sandboxes always have their bubblewrap as parent. Returns the pids killed."""
+    a live worker's sandboxes always have their bubblewrap as parent. Returns the pids killed.
+
+    Killing an orphan orphans its own sandbox children (bubblewrap's outer process and the namespace's first one
+    it has just cloned, which has not yet run the harness): init adopts them only once it is dead. So after each
+    kill the sweep waits for the killed processes to be gone (at most ``settle_s`` in all) and sweeps again, until
+    a sweep finds none."""
     signatures = (HARNESS_SOURCE[:200].encode(), LOAD_HARNESS.encode())
-    killed = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid != uid or _parent_pid(int(entry.name)) != 1:
+    killed: list[int] = []
+    deadline = time.monotonic() + settle_s
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in killed:
                 continue
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if any(signature in cmdline for signature in signatures):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+            try:
+                if entry.stat().st_uid != uid or _parent_pid(int(entry.name)) != 1:
+                    continue
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if any(signature in cmdline for signature in signatures):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    found.append(int(entry.name))
+        killed += found
+        if not found:
+            break
+        while any(_running(pid) for pid in found) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if time.monotonic() >= deadline:
+            break
     if killed:
         logger.warning(
             "code sandbox: killed %d sandbox process(es) left by workers that are gone", len(killed)
@@ -180,6 +195,15 @@ def _filter_fd(bpf: bytes, name: str = "roll-sandbox-seccomp", flags: int = 0) -
         os.close(fd)
         raise
     return fd
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (gone, or a zombie waiting to be reaped, is not)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _parent_pid(pid: int) -> int | None:
