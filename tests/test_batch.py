@@ -45,3 +45,46 @@ def test_concat_pads_responses_right_and_prompts_left():
     out = Batch.concat([a, b])
     assert out["prompt_ids"].tolist() == [[0, 1, 1], [2, 2, 2]]
     assert out["response_ids"].tolist() == [[1, 1, 0], [2, 2, 2]]
+
+
+def test_an_empty_batch_and_a_batch_of_meta_only_have_their_length():
+    assert len(Batch()) == 0 and Batch().keys() == []
+    assert len(Batch(meta={"tag": ["a", "b"]})) == 2
+
+
+def test_update_adds_and_replaces_entries_without_touching_the_original():
+    b = make(2)
+    out = b.update({"advantages": torch.ones(2, 3), "scores": torch.zeros(2)}, domain=["m", "m"])
+    assert out["advantages"].shape == (2, 3) and out["scores"].tolist() == [0.0, 0.0] and out.meta["domain"] == ["m"] * 2
+    assert "advantages" not in b and b["scores"].tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize(("n", "pieces", "sizes"), [(7, 2, [4, 3]), (10, 3, [3, 4, 3]), (5, 3, [2, 1, 2]), (4, 1, [4])])
+def test_chunk_gives_exactly_pieces_near_equal_consecutive_parts(n, pieces, sizes):
+    parts = make(n).chunk(pieces)
+    assert [len(p) for p in parts] == sizes  # bounds round(i * n / pieces)
+    assert [t for p in parts for t in p.meta["tag"]] == [f"t{i}" for i in range(n)]
+
+
+def test_concat_refuses_batches_whose_keys_differ_either_way():
+    base = make(2)
+    more = base.update({"advantages": torch.zeros(2, 3)})
+    other_meta = base.update(domain=["m", "m"])
+    for batches in ([base, more], [more, base], [base, other_meta], [other_meta, base], [base, base, more]):
+        with pytest.raises(KeyError, match="cannot concatenate batches with different keys"):
+            Batch.concat(batches)
+    assert len(Batch.concat([base, Batch(), base])) == 4  # empty batches are left out
+
+
+def test_concat_pads_each_part_by_its_own_shortfall():
+    parts = [Batch({"response_ids": torch.full((1, w), w)}) for w in (1, 2, 5)]
+    assert Batch.concat(parts)["response_ids"].tolist() == [[1, 0, 0, 0, 0], [2, 2, 0, 0, 0], [5] * 5]
+    prompts = [Batch({"prompt_ids": torch.full((1, w), w)}) for w in (2, 5)]
+    assert Batch.concat(prompts)["prompt_ids"].tolist() == [[0, 0, 0, 2, 2], [5] * 5]
+
+
+def test_loss_mask_is_the_response_mask_of_the_samples_in_the_loss():
+    from roll_pipeline.batch import loss_mask
+
+    b = Batch({"response_mask": torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]), "sample_mask": torch.tensor([1.0, 0.0])})
+    assert loss_mask(b).tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]

@@ -82,15 +82,48 @@ def test_skips_only_uniform_rows_and_lets_about_retest_prob_of_them_through():
     assert not any(ledger(retest_prob=1.0).skip(0, 0, c) for c in range(100))
 
 
+def test_a_draw_equal_to_retest_prob_skips():
+    """The re-test lets a uniform row through when its draw is below ``retest_prob``, so that exactly that share
+    of draws comes through: a draw equal to it skips (one value in 2**64, found here by using it as the bound)."""
+    book = ledger(retest_prob=0.5)
+    book.record(0, [True])
+    draws = [book._draw(2, c) for c in range(8)]
+    for c, draw in enumerate(draws):
+        book.retest_prob = draw
+        assert book.skip(0, 2, c), (c, draw)
+        book.retest_prob = min(d for d in draws if d > draw) if draw < max(draws) else 1.0
+        assert not book.skip(0, 2, c), (c, draw)
+
+
+def test_a_streak_past_the_threshold_still_counts_as_uniform():
+    book = ledger(streak=2)
+    for _ in range(5):
+        book.record(0, [True])
+    book.record(1, [False])
+    book.record(2, [False])
+    book.record(2, [False])
+    assert book.streaks == {0: 5, 1: -1, 2: -2}
+    assert book.uniform(0) and book.uniform_rows() == 2
+
+
 def test_state_round_trips_and_refuses_other_data():
+    import json
+
     book = ledger()
     book.record(3, [True])
     book.record(4, [False, False])
     other = ledger()
     other.load_state_dict(book.state_dict())
     assert other.streaks == {3: 1, 4: -1}
-    with pytest.raises(ValueError, match="the data changed"):
-        ledger(size=11).load_state_dict(book.state_dict())
+    for size in (9, 11):  # fewer rows or more
+        with pytest.raises(ValueError, match=f"ledger state is for 10 rows, not {size}: the data changed"):
+            ledger(size=size).load_state_dict(book.state_dict())
+    # A large data set's state, as a checkpoint reads it back (new int objects): the same size is accepted.
+    big = ledger(size=50_000)
+    big.record(49_999, [True])
+    again = ledger(size=50_000)
+    again.load_state_dict(json.loads(json.dumps(big.state_dict())))
+    assert again.streaks == {49_999: 1}
 
 
 def steps(actor, n, share=3):

@@ -251,13 +251,13 @@ def test_dry_run_checks_every_node_and_names_the_one_without_the_files(tmp_path,
 
 
 @pytest.mark.slow
-def test_job_submission_ships_the_project_and_runs_the_example(tmp_path, tiny_model, user_cluster):
+def test_job_submission_ships_the_project_and_runs_the_example(tmp_path, tiny_model, user_cluster, mlflow_db):
     out = tmp_path / "job"
     dashboard = f"http://127.0.0.1:{user_cluster.dashboard_port}"
     command = [
         str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", ".", "--",
         "roll", "run", "examples/math_code.yaml", *SMALL_RUN, "max_steps=1",
-        f"pretrain={TINY_MODEL}", f"output_dir={out}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"pretrain={TINY_MODEL}", f"output_dir={out}", f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ]
     result = _submit(command)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
@@ -275,7 +275,9 @@ def test_job_submission_ships_the_project_and_runs_the_example(tmp_path, tiny_mo
 
 
 @pytest.mark.slow
-def test_a_job_ships_its_module_path_reward_plugin_and_finds_installed_entry_point_ones(tmp_path, user_cluster):
+def test_a_job_ships_its_module_path_reward_plugin_and_finds_installed_entry_point_ones(
+    tmp_path, user_cluster, mlflow_db
+):
     # A job folder of its own: a config whose math domain adds the README's KeywordScorer by module path (a file
     # that exists only in the folder Ray ships) and the plugin example's entry-point worker, pinned to the far node.
     import yaml
@@ -301,7 +303,7 @@ def test_a_job_ships_its_module_path_reward_plugin_and_finds_installed_entry_poi
     result = _submit([
         str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{user_cluster.dashboard_port}",
         "--working-dir", str(folder), "--", "roll", "run", "run.yaml", *SMALL_RUN, "max_steps=1",
-        f"output_dir={out}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"output_dir={out}", f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "finished 1 steps" in result.stdout

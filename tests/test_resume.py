@@ -196,9 +196,9 @@ def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(variant, tmp_pa
     assert kept == [f"step_{STEPS - SAVE_STEPS}", f"step_{STEPS}"]
 
 
-def test_resumed_tracker_logs_each_step_once_into_the_same_run(tmp_path):
+def test_resumed_tracker_logs_each_step_once_into_the_same_run(tmp_path, mlflow_db):
     """The tracker side alone: steps 1-4 spooled and sent, a crash, a resume that computes 3-6 again."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db(tmp_path / "mlflow.db")
     cfg = TrackingConfig(tracking_uri=uri, experiment_name="resume", retry_interval_s=0.1, flush_timeout_s=10)
     first = MlflowTracker(cfg, tmp_path / "spool")
     for step in range(1, 5):

@@ -43,6 +43,21 @@ def test_a_masking_component_masks_the_sample_and_a_skipped_one_leaves_the_sum_a
     assert not skipped.masked and skipped.score == pytest.approx(1.5) and skipped.correct is True
 
 
+def test_the_first_masking_component_in_config_order_gives_the_reason():
+    # on_masked as the config loader gives it: a string built at run time, equal to "mask" but not the literal
+    mask = "".join(["ma", "sk"])
+    a, b = Component("a", 1.0, mask), Component("b", 1.0, mask)
+    results = {"math_rule": [ok(1.0)], "a": [ScoredSample.masked_as(MASK_ERROR)], "b": [ScoredSample.masked_as(MASK_TIMEOUT)]}
+    (sample,) = combine([RULE, a, b], results)
+    assert sample.masked and sample.mask_reason == MASK_ERROR
+    (sample,) = combine([RULE, b, a], results)
+    assert sample.mask_reason == MASK_TIMEOUT
+    # A component is a value: frozen, hashable, equal by its fields
+    assert {RULE, Component("math_rule", 1.0)} == {RULE}
+    with pytest.raises(AttributeError):
+        RULE.weight = 2.0
+
+
 def test_components_must_judge_every_sample():
     with pytest.raises(ValueError, match="different numbers"):
         combine([RULE, RM], {"math_rule": [ok(1.0)], "reward_model": []})

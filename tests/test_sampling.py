@@ -7,6 +7,7 @@ test."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -148,3 +149,67 @@ def test_sharing_the_prefill_samples_what_generate_samples(strategy):
         finite = torch.isfinite(a)
         assert torch.equal(finite, torch.isfinite(b))
         assert torch.allclose(a[finite], b[finite], atol=1e-4)
+
+
+def test_the_floor_is_the_documented_minus_30():
+    # -30 nats, probability ~9.4e-14: low enough never to stand for a token the sampler could draw, high enough
+    # that exp(new - old) and the KL of a floored token stay finite in float32 (its docstring).
+    assert OUTSIDE_LOG_PROB == -30.0
+    assert math.isfinite(math.exp(30.0)) and torch.exp(torch.tensor(30.0)).isfinite()
+
+
+def test_the_defaults_are_the_full_tempered_softmax():
+    """No top-k (0) and no top-p (1.0) by default: nothing truncated, so no floor either; a token with log-prob
+    below the floor keeps its own value there."""
+    assert SamplingDistribution() == SamplingDistribution(temperature=1.0, top_k=0, top_p=1.0)
+    assert not SamplingDistribution().truncates and not SamplingDistribution(temperature=0.5).truncates
+    assert SamplingDistribution(top_k=1).truncates and SamplingDistribution(top_p=0.99).truncates
+    logits = torch.tensor([[[0.0, -60.0, 1.0], [2.0, 0.0, -45.0]]])
+    tokens = torch.tensor([[1, 2]])
+    log_probs, entropy = SamplingDistribution().log_probs(logits, tokens)
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    assert expected.max() < OUTSIDE_LOG_PROB  # both far below the floor
+    torch.testing.assert_close(log_probs, expected, rtol=0, atol=0)
+    assert entropy is None  # only computed when asked
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SamplingDistribution().top_k = 4  # a distribution shared by the losses cannot be changed under them
+
+
+def test_top_k_of_one_keeps_only_the_most_likely_token():
+    logits = torch.tensor([[[1.0, 3.0, 2.0], [5.0, 0.0, 4.9]]])
+    log_probs, _ = SamplingDistribution(top_k=1).log_probs(logits, torch.tensor([[1, 2]]))
+    assert log_probs.tolist() == [[0.0, OUTSIDE_LOG_PROB]]
+    assert SamplingDistribution(top_k=1).kept(logits).tolist() == [[[False, True, False], [True, False, False]]]
+
+
+def test_log_probs_and_entropies_of_a_batch_are_taken_per_position():
+    """(B, R, V) logits, (B, R) tokens with B != R: each position's log-prob of its own token and the entropy
+    of its own distribution, truncated or not (renormalised over the kept tokens; dropped ones add nothing)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 7, generator=gen) * 2
+    tokens = torch.randint(0, 7, (2, 3), generator=gen)
+    for dist in (SamplingDistribution(temperature=0.7), SamplingDistribution(temperature=0.7, top_k=3)):
+        log_probs, entropy = dist.log_probs(logits, tokens, with_entropy=True)
+        assert log_probs.shape == entropy.shape == (2, 3)
+        for b in range(2):
+            for r in range(3):
+                scaled = logits[b, r] / 0.7
+                if dist.top_k:
+                    scaled = scaled.masked_fill(scaled < scaled.topk(3).values[-1], float("-inf"))
+                p = torch.softmax(scaled, -1)
+                kept = p > 0
+                want_lp = max(math.log(float(p[tokens[b, r]])), OUTSIDE_LOG_PROB) if p[tokens[b, r]] > 0 else -30.0
+                want_h = -float((p[kept] * p[kept].log()).sum())
+                assert math.isclose(float(log_probs[b, r]), want_lp, rel_tol=1e-5, abs_tol=1e-6), (dist, b, r)
+                assert math.isclose(float(entropy[b, r]), want_h, rel_tol=1e-5, abs_tol=1e-6), (dist, b, r)
+                assert want_h > 0
+
+
+def test_the_entropy_carries_a_gradient_only_when_asked():
+    logits = torch.randn(2, 3, 5, requires_grad=True)
+    tokens = torch.zeros(2, 3, dtype=torch.long)
+    dist = SamplingDistribution(top_p=0.9)
+    assert dist.log_probs(logits, tokens, with_entropy=True)[1].requires_grad  # the default: an entropy bonus trains
+    assert not dist.log_probs(logits, tokens, with_entropy=True, entropy_grad=False)[1].requires_grad  # logging
+    with torch.no_grad():
+        assert not dist.log_probs(logits, tokens, with_entropy=True)[1].requires_grad

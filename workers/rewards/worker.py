@@ -15,7 +15,6 @@ import threading
 import traceback
 from collections.abc import Sequence
 
-from workers.devices import gpu_or_cpu
 from workers.rewards.base import RewardResult
 from workers.rewards.io_loop import IOScoringLoop
 from workers.rewards.pool import Outcome, ScoringPool
@@ -74,6 +73,8 @@ class RewardWorker:
         self._lock = threading.Lock()  # counters, and a batched scorer's model: calls come from several threads
         if scorer_cls.batched:
             # A model scores whole batches in this process, on this worker's device (see BatchedRewardScorer).
+            from workers.devices import gpu_or_cpu  # torch: only a model-scoring worker needs it
+
             self._scorer = scorer_cls(**options)
             self._scorer.load(gpu_or_cpu(num_gpus, f"reward worker {domain!r}"))
             self._pool = None

@@ -79,14 +79,14 @@ def parse_events(data: bytes) -> list[dict]:
 
 def kill_orphaned_sandboxes(uid: int, settle_s: float = 5.0) -> list[int]:
     """Kill the sandbox processes of workers that are gone: those of ``uid`` whose command line is a sandbox's
-    (the harness or its loader) and whose parent is the host's init. A worker killed by SIGKILL while bubblewrap
-    was still setting a sandbox up leaves its namespace's first process waiting for a parent that never answers;
-    a live worker's sandboxes always have their bubblewrap as parent. Returns the pids killed.
+    (the harness or its loader) and whose parent is the host's init. A live worker's sandboxes always have their
+    bubblewrap as parent. Returns the pids killed.
 
-    Killing an orphan orphans its own sandbox children (bubblewrap's outer process and the namespace's first one
-    it has just cloned, which has not yet run the harness): init adopts them only once it is dead. So after each
-    kill the sweep waits for the killed processes to be gone (at most ``settle_s`` in all) and sweeps again, until
-    a sweep finds none."""
+    A worker killed by SIGKILL while bubblewrap was still setting a sandbox up leaves bubblewrap's outer process as
+    the orphan, and under it the namespace's first process (bubblewrap too, not yet the harness). Killing the
+    orphan orphans that child, but init adopts it only once the orphan has exited. So after each kill the sweep
+    waits for the killed processes to be gone (at most ``settle_s`` in all) and sweeps again, until a sweep finds
+    none."""
     signatures = (HARNESS_SOURCE[:200].encode(), LOAD_HARNESS.encode())
     killed: list[int] = []
     deadline = time.monotonic() + settle_s
@@ -197,22 +197,26 @@ def _filter_fd(bpf: bytes, name: str = "roll-sandbox-seccomp", flags: int = 0) -
     return fd
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not exited (gone, or a zombie waiting to be reaped, is not)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def _parent_pid(pid: int) -> int | None:
+def _state_and_parent(pid: int) -> tuple[str, int] | None:
+    """``pid``'s state letter and parent pid from /proc (None where it is gone)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
-    return int(text.rsplit(")", 1)[1].split()[1])
+    state, ppid = text.rsplit(")", 1)[1].split()[:2]
+    return state, int(ppid)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (gone, or a zombie waiting to be reaped, is not)."""
+    fields = _state_and_parent(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _parent_pid(pid: int) -> int | None:
+    fields = _state_and_parent(pid)
+    return None if fields is None else fields[1]
 
 
 class Sandbox:
