@@ -45,8 +45,14 @@ real-model: $(REAL_MODEL_STAMP)
 run: model
 	$(BIN)/roll run $(CONFIG)
 
+# Two pytest-xdist workers, one per core: one test alone leaves a core idle about a quarter of the time (a fast
+# test is one process; a pipeline's start waits on its workers). tests/conftest.py's SHARED_WORKER keeps the test
+# files that share something on the host on one worker. TEST_WORKERS=0 runs everything in this one process.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
 test: model real-model browser gpu-extra
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The GPU extra must stay installable beside this project's pins: pip resolves `.[gpu]` (vLLM's CUDA build) in a
 # throwaway venv without installing anything (about a minute; only package metadata is downloaded).
@@ -91,7 +97,7 @@ gpu-check:
 	bash tests/gpu_check/run.sh
 
 test-fast: model
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Mutation testing of the core with cosmic-ray (mutation/run.py; results in MUTATION.md). Not part of `make test`:
 # every target takes minutes to an hour on 2 cores. MODULES=path/to/module.py runs only those targets;

@@ -1,5 +1,5 @@
 """Shared fixtures: paths of the repository, its examples and the embedded model; a local Ray cluster per test
-module; waiting for an event."""
+module; waiting for an event. And which test files share a pytest-xdist worker (`make test` runs two)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,36 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 TINY_MODEL = EXAMPLES / "models" / "tiny-qwen2"
+
+
+#: Test files whose tests run one after another on one pytest-xdist worker, by what they share on the host: the
+#: sandbox files make orphans on purpose and look for what runs left on the host; the Ray cluster files start
+#: multi-node clusters (`ray start` nodes, a dashboard); the vLLM files each start vLLM (its ports, its threads
+#: pinned to the cores). Every other test runs beside any one of these.
+SHARED_WORKER = {
+    "sandbox-host": ("test_code_sandbox_hostile.py", "test_code_sandbox_zygote.py", "test_code_sandbox_stdio_tests.py"),
+    "ray-nodes": ("test_multinode.py", "test_ray_cluster.py", "test_placement.py"),
+    "vllm": ("test_vllm_engine.py", "test_vllm_pipeline.py", "test_vllm_strategy.py", "test_serve.py"),
+}
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` with SHARED_WORKER's groups: each group goes to one worker as one unit, every other test
+    on its own. (pytest-xdist 3.8.0 reads groups from `xdist_group` marks by renaming node ids, which pytest 9 no
+    longer lets it do (pytest-xdist#1386): its loadgroup silently spreads a group over the workers. So the groups
+    are given here, by file.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    group_of = {name: group for group, names in SHARED_WORKER.items() for name in names}
+
+    class SharedWorkerScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1]) or super()._split_scope(nodeid)
+
+    return SharedWorkerScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

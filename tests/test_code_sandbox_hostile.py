@@ -57,11 +57,30 @@ def canary():
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def other_workers_processes() -> set[int]:
+    """Processes under the other pytest-xdist workers (`make test` runs two): their runs' sandboxes are theirs to
+    check, not leftovers of this one's. The workers are this process's siblings; without xdist the set holds what
+    runs beside pytest under its parent (make), none of it a sandbox."""
+    import psutil
+
+    me = os.getpid()
+    found: set[int] = set()
+    with contextlib.suppress(psutil.Error):
+        for sibling in psutil.Process(os.getppid()).children():
+            if sibling.pid != me:
+                found.add(sibling.pid)
+                with contextlib.suppress(psutil.Error):
+                    found.update(p.pid for p in sibling.children(recursive=True))
+    return found
+
+
 def leftover_processes() -> list[str]:
-    """Processes of a sandbox run still on the host: harness copies, our marked sleepers, unreaped bubblewraps."""
+    """Processes of a sandbox run still on the host: harness copies, our marked sleepers, unreaped bubblewraps
+    (those of another test worker's runs aside)."""
     # A sandbox's command line carries the harness's source, or the loader of its compiled form (the usual case).
     signatures = (HARNESS_SOURCE[:200].encode(), LOAD_HARNESS.encode(), MARKER.encode())
     found = []
+    others = None
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -72,7 +91,9 @@ def leftover_processes() -> list[str]:
             continue
         zombie_bwrap = stat.split(" ", 2)[1] == "(bwrap)" and stat.rsplit(")", 1)[1].split()[0] == "Z"
         if any(signature in cmdline for signature in signatures) or zombie_bwrap:
-            found.append(f"{proc.name}: {stat[:40]} {cmdline[:80]!r}")
+            others = other_workers_processes() if others is None else others
+            if int(proc.name) not in others:
+                found.append(f"{proc.name}: {stat[:40]} {cmdline[:80]!r}")
     return found
 
 
@@ -971,6 +992,11 @@ def test_a_worker_that_exits_without_closing_leaves_nothing(scorer):
         assert not [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{pid}-")]
 
 
+#: The orphans below run as a uid of their own, not the sandboxes' (nobody): a scorer starting in another test
+#: worker sweeps that user's orphans and would take these from under the test.
+ORPHAN_UID = 61000 + os.getpid() % 1000
+
+
 def start_orphan(python: str, uid: int, argv: list[str]) -> int:
     """Start `argv` as `uid` from a parent that exits at once, so that the host's init adopts it; its pid."""
     spawner = subprocess.run(
@@ -985,7 +1011,7 @@ def start_orphan(python: str, uid: int, argv: list[str]) -> int:
 
 @pytest.mark.skipif(os.getuid() != 0, reason="starts processes as the sandbox user")
 def test_orphaned_sandbox_processes_are_killed_at_start_and_live_ones_are_not(scorer):
-    uid = scorer.spec.effective_uid()
+    uid = ORPHAN_UID
     python = scorer.spec.python  # an interpreter the sandbox user can run
     sleeper = [python, "-c", "import time; time.sleep(600)", LOAD_HARNESS]
     # An orphan (its parent exits at once, so the host's init adopts it) and a live worker's child.
@@ -1015,7 +1041,7 @@ def test_an_orphan_and_the_sandbox_process_it_leaves_go_in_one_sweep(scorer):
     the outer one alone left the inner one on the host until the next scorer started)."""
     import psutil
 
-    uid = scorer.spec.effective_uid()
+    uid = ORPHAN_UID
     python = scorer.spec.python
     inner = [python, "-c", "import time; time.sleep(600)", LOAD_HARNESS]
     # The outer one holds 1 GiB: a process that is killed frees its memory before its children are adopted, so

@@ -167,12 +167,16 @@ def test_a_run_that_times_out_or_floods_costs_its_sandbox(spec):
 
 
 def zygote_pids(uid: int) -> list[int]:
-    """Host pids of the zygotes running as ``uid`` (their command line is the harness's loader, entry zygote; their
-    bubblewraps' holds the same after ``bwrap``'s own arguments)."""
+    """Host pids of this process's zygotes running as ``uid`` (their command line is the harness's loader, entry
+    zygote; their bubblewraps' holds the same after ``bwrap``'s own arguments). Only those under this process:
+    another test worker's are not this test's to kill."""
+    import psutil
+
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
     pids = []
     for proc in Path("/proc").iterdir():
         try:
-            if not proc.name.isdigit() or proc.stat().st_uid != uid:
+            if not proc.name.isdigit() or int(proc.name) not in ours or proc.stat().st_uid != uid:
                 continue
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:

@@ -63,6 +63,10 @@ class Nodes:
                 "include_dashboard": True,
                 "dashboard_host": "127.0.0.1",
                 "dashboard_port": self.dashboard_port,
+                # Not the default port (52365): a local Ray cluster of a test on the other pytest-xdist worker may
+                # hold it, and then this head's agent has no HTTP server and `ray job submit` finds "No available
+                # agent to submit job".
+                "dashboard_agent_listen_port": _free_port(),
                 "_system_config": LOCAL_RAY_SYSTEM_CONFIG,
             },
         )

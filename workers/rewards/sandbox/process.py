@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from workers.rewards.sandbox import cgroup
 from workers.rewards.sandbox.isolation import LOAD_HARNESS, SandboxSpec
 
@@ -87,24 +89,24 @@ def kill_orphaned_sandboxes(uid: int, settle_s: float = 5.0) -> list[int]:
     orphan orphans that child, but init adopts it only once the orphan has exited. So after each kill the sweep
     waits for the killed processes to be gone (at most ``settle_s`` in all) and sweeps again, until a sweep finds
     none."""
-    signatures = (HARNESS_SOURCE[:200].encode(), LOAD_HARNESS.encode())
+    signatures = (HARNESS_SOURCE[:200], LOAD_HARNESS)
     killed: list[int] = []
     deadline = time.monotonic() + settle_s
     while True:
         found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) in killed:
+        for proc in psutil.process_iter():
+            if proc.pid in killed:
                 continue
             try:
-                if entry.stat().st_uid != uid or _parent_pid(int(entry.name)) != 1:
+                if proc.uids().real != uid or proc.ppid() != 1:
                     continue
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
+                argv = proc.cmdline()
+            except psutil.Error:
                 continue
-            if any(signature in cmdline for signature in signatures):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    found.append(int(entry.name))
+            if any(signature in arg for arg in argv for signature in signatures):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+                    found.append(proc.pid)
         killed += found
         if not found:
             break
@@ -197,26 +199,19 @@ def _filter_fd(bpf: bytes, name: str = "roll-sandbox-seccomp", flags: int = 0) -
     return fd
 
 
-def _state_and_parent(pid: int) -> tuple[str, int] | None:
-    """``pid``'s state letter and parent pid from /proc (None where it is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
-    state, ppid = text.rsplit(")", 1)[1].split()[:2]
-    return state, int(ppid)
-
-
 def _running(pid: int) -> bool:
     """Whether ``pid`` is a process that has not exited (gone, or a zombie waiting to be reaped, is not)."""
-    fields = _state_and_parent(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
 
 
 def _parent_pid(pid: int) -> int | None:
-    fields = _state_and_parent(pid)
-    return None if fields is None else fields[1]
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
 
 
 class Sandbox:
@@ -366,12 +361,9 @@ class Sandbox:
         """The real uid, on the host, of the sandbox's first process (from the host's own /proc)."""
         pid = self.info.get("child-pid", self.proc.pid)
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-        except OSError:
+            return psutil.Process(pid).uids().real
+        except psutil.Error:
             return None
-        return None
 
     def control_fd(self) -> int:
         """A zygote's control socket (the worker's end)."""
