@@ -994,7 +994,7 @@ def test_a_worker_that_exits_without_closing_leaves_nothing(scorer):
 
 #: The orphans below run as a uid of their own, not the sandboxes' (nobody): a scorer starting in another test
 #: worker sweeps that user's orphans and would take these from under the test.
-ORPHAN_UID = 61000 + os.getpid() % 1000
+ORPHAN_UID = 61000
 
 
 def start_orphan(python: str, uid: int, argv: list[str]) -> int:
@@ -1012,7 +1012,7 @@ def start_orphan(python: str, uid: int, argv: list[str]) -> int:
 @pytest.mark.skipif(os.getuid() != 0, reason="starts processes as the sandbox user")
 def test_orphaned_sandbox_processes_are_killed_at_start_and_live_ones_are_not(scorer):
     uid = ORPHAN_UID
-    python = scorer.spec.python  # an interpreter the sandbox user can run
+    python = scorer.spec.python  # an interpreter every user can run
     sleeper = [python, "-c", "import time; time.sleep(600)", LOAD_HARNESS]
     # An orphan (its parent exits at once, so the host's init adopts it) and a live worker's child.
     orphan = start_orphan(python, uid, sleeper)

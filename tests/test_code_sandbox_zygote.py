@@ -172,11 +172,11 @@ def zygote_pids(uid: int) -> list[int]:
     another test worker's are not this test's to kill."""
     import psutil
 
-    ours = {p.pid for p in psutil.Process().children(recursive=True)}
     pids = []
-    for proc in Path("/proc").iterdir():
+    for child in psutil.Process().children(recursive=True):
+        proc = Path(f"/proc/{child.pid}")
         try:
-            if not proc.name.isdigit() or int(proc.name) not in ours or proc.stat().st_uid != uid:
+            if proc.stat().st_uid != uid:
                 continue
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
