@@ -423,12 +423,15 @@ def render_report(explained: dict[str, dict[str, str]]) -> str:
         c = r["counts"]
         name = f"{module} ({', '.join(r['functions'])})" if r.get("functions") else module
         n = sum(c.values())
-        caught = (c["killed"] + c["timed out"]) / n if n else 1.0
         goal = goals[module]
-        mark = "" if caught >= goal else " (below)"
+        if n:
+            caught = (c["killed"] + c["timed out"]) / n
+            share = f"{caught:.1%}" + ("" if caught >= goal else " (below)")
+        else:  # no operator applies to the code it names: nothing to catch, and no share to claim
+            share = "no mutant"
         lines.append(
             f"| {name} | {n} | {c['killed']} | {c['timed out']} | {c['survived']} | {c['other']} | "
-            f"{caught:.1%}{mark} | {goal:.0%} | {r['run_s'] / 60:.0f} min |"
+            f"{share} | {goal:.0%} | {r['run_s'] / 60:.0f} min |"
         )
         survivors = r["survivors"]
         if survivors:

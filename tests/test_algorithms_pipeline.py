@@ -126,6 +126,16 @@ def test_shape_rewards_applies_the_kl_penalty_and_adapts_its_coefficient():
     assert metrics["reward_shaping/math/samples_in_loss"] == 3.0
 
 
+@pytest.mark.parametrize("in_loss, expected", [([1.0, 0.0, 0.0, 0.0], 0.5), ([0.0] * 4, 0.0)])
+def test_the_kl_penalty_measures_the_mean_over_the_samples_in_the_loss(in_loss, expected):
+    """kl_penalty/kl (what the adaptive controller steers by) is the mean over the samples in the loss of each one's
+    token-mean KL: one sample, its own; none, 0 rather than 0 / 0."""
+    pipeline = RLVRPipeline(config("add_token_level_kl=true", "kl_penalty=k1"))
+    batch = hand_batch()
+    _, metrics = pipeline.shape_rewards(batch.update({"sample_mask": torch.tensor(in_loss)}))
+    assert metrics["kl_penalty/kl"] == expected
+
+
 def test_shape_rewards_masks_by_difficulty_and_advantages_follow_the_mask():
     pipeline = RLVRPipeline(
         config("reward_shaping={difficulty_mask: {low: 0.1, high: 0.9}}", "adv_estimator=rloo", "advantage_clip=0.4")
@@ -133,6 +143,7 @@ def test_shape_rewards_masks_by_difficulty_and_advantages_follow_the_mask():
     batch, _ = pipeline.shape_rewards(hand_batch())
     # group 1 has one valid sample scoring 1 (mean 1 > 0.9): masked; group 0 (mean 0.5) stays
     assert batch["sample_mask"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert pipeline.shaped_scores.tolist() == [1.0, 0.0, 0.0, 0.0]  # the sample table's: 0 out of the loss
     batch = pipeline.compute_advantages(batch)
     # rloo in group 0: 1 - 0 = 1 and 0 - 1 = -1, clipped to 0.4, on the valid tokens only
     expected = torch.tensor([[0.4, 0.4, 0.0], [-0.4, -0.4, -0.4], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -154,7 +165,9 @@ def test_compute_advantages_whitens_over_the_samples_in_the_loss():
 
 def two_domain_batch() -> Batch:
     """A math group and a code group of three responses each, every response two tokens, all in the loss; code's
-    scores are on another scale (fractions of tests passed, times 10)."""
+    scores are on another scale (fractions of tests passed, times 10). Each domain name is a string of its own, as
+    a batch gathered from Ray's workers holds them (equal, not the same object)."""
+    math_, code = ("".join(["ma", "th"]) for _ in range(3)), ("".join(["co", "de"]) for _ in range(3))
     return Batch(
         {
             "response_mask": torch.ones(6, 2),
@@ -162,7 +175,7 @@ def two_domain_batch() -> Batch:
             "sample_mask": torch.ones(6),
             "group_ids": torch.tensor([0, 0, 0, 1, 1, 1]),
         },
-        {"domain": ["math"] * 3 + ["code"] * 3, "correct": [True, False, False, True, False, False]},
+        {"domain": [*math_, *code], "correct": [True, False, False, True, False, False]},
     )
 
 
@@ -185,6 +198,8 @@ def test_advantage_statistics_come_from_each_domain_with_advantage_scope_domain(
 
     merged, _ = advantages()
     assert (merged[:3] < 0).all()
+    written, _ = advantages("advantage_scope=batch")  # as a YAML file gives it: a string of its own
+    assert torch.equal(written, merged)
     per_domain, metrics = advantages("advantage_scope=domain")
     for domain, rows in (("math", slice(0, 3)), ("code", slice(3, 6))):
         assert float(per_domain[rows].mean()) == pytest.approx(0.0, abs=1e-6)
@@ -311,8 +326,9 @@ def test_importance_weights_are_the_training_policy_over_the_sampling_one():
     # without inference log-probs (not collected): the staleness alone
     plain = offpolicy_batch().select(range(3))
     plain = Batch({k: plain[k] for k in ("response_mask", "sample_mask", "old_log_probs")})
-    _, metrics = pipeline.importance_weights(plain, generated_with=1)
-    assert metrics == {"offpolicy/staleness": 2.0}
+    pipeline.trained_version = 6
+    _, metrics = pipeline.importance_weights(plain, generated_with=3)
+    assert metrics == {"offpolicy/staleness": 3.0}
 
 
 # ------------------------------------------------------------------------------------------- critic objective

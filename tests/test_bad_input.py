@@ -169,6 +169,21 @@ def test_tag_no_domain_claims(tmp_path, tiny_model, capsys):
     )
 
 
+def test_validation_rows_that_share_an_id(tmp_path, tiny_model, capsys):
+    """Validation scores a prompt by its id; training rows may repeat one (the same prompt twice is allowed)."""
+    train = write_jsonl(tmp_path / "math.jsonl", [{**MATH, "id": "p1"}, {**MATH, "id": "p1"}])
+    val = write_jsonl(tmp_path / "val.jsonl", [{**MATH, "id": "v1"}, {**MATH, "id": "v2"}, {**MATH, "id": "v1"}])
+    config = write_config(tmp_path, tiny_model, [train], data__val_files=[str(val)])
+    fails_with(
+        capsys,
+        config,
+        "1 id(s) given to more than one validation row of a domain (each prompt needs its own id):",
+        f"id 'v1' (domain math) in 2 rows: {val}:1, {val}:3",
+    )
+    write_jsonl(val, [{**MATH, "id": "v1"}, {**MATH, "id": "v2"}])
+    assert main(["run", str(config), "--dry-run"]) == 0, capsys.readouterr().out
+
+
 def test_model_path_that_does_not_exist(tmp_path, tiny_model, capsys):
     data = write_jsonl(tmp_path / "math.jsonl", [MATH])
     config = write_config(tmp_path, tiny_model, [data], pretrain=str(tmp_path / "no-model"))

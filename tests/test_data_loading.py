@@ -17,6 +17,7 @@ from roll_pipeline.data.loading import (
     load_rows,
     prompt_messages,
     require_rows,
+    require_unique_ids,
     route_by_domain,
 )
 from schedulers.dynamic_sampling import PromptSampler
@@ -125,6 +126,32 @@ def test_require_rows_names_the_domain_and_the_files(tmp_path):
         "rewards.code: no training row has a tag in its tag_included ['string']\n"
         f"  searched data.train_files: {path} (tags found there: ['add'])"
     )
+
+
+def test_validation_ids_must_be_unique_within_a_domain(tmp_path):
+    """Validation groups a prompt's responses by id: two rows with one id would be scored as one prompt."""
+    first = write_jsonl(tmp_path / "a.jsonl", [ROWS[0], {**ROWS[1], "id": "a"}, {**ROWS[0], "id": 7}])
+    second = write_jsonl(tmp_path / "b.jsonl", [{**ROWS[0], "id": "7"}, {k: v for k, v in ROWS[0].items() if k != "id"}])
+    ok = route_by_domain(load_rows(str(first))[:2] + load_rows(str(second))[1:], REWARDS)
+    require_unique_ids(ok)  # "a" in math and in code; a row without an id is named by its line
+    routed = route_by_domain(load_rows(str(first)) + load_rows(str(second)) + load_rows(str(first))[:1], REWARDS)
+    with pytest.raises(DataError) as info:
+        require_unique_ids(routed)
+    assert str(info.value) == (
+        "2 id(s) given to more than one validation row of a domain (each prompt needs its own id):\n"
+        f"  id 'a' (domain math) in 2 rows: {first}:1, {first}:1\n"
+        f"  id '7' (domain math) in 2 rows: {first}:3, {second}:1"
+    )
+    many = route_by_domain(load_rows(str(write_jsonl(tmp_path / "c.jsonl", [ROWS[0]] * 5))), REWARDS)
+    with pytest.raises(DataError, match=r"in 5 rows: .*c.jsonl:1, .*c.jsonl:2, .*c.jsonl:3 and 2 more$"):
+        require_unique_ids(many)
+    ids = [{**ROWS[0], "id": f"p{i}"} for i in range(MAX_LISTED + 2)]
+    crowded = route_by_domain(load_rows(str(write_jsonl(tmp_path / "d.jsonl", ids + ids))), REWARDS)
+    with pytest.raises(DataError) as info:
+        require_unique_ids(crowded)
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith(f"{MAX_LISTED + 2} id(s)") and lines[-1] == "  ... and 2 more"
+    assert len(lines) == 2 + MAX_LISTED
 
 
 class CharTokenizer:

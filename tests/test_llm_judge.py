@@ -125,6 +125,34 @@ def test_score_max_scales_scores():
         parse_verdict("Verdict: YES", "stars")
 
 
+def test_the_verdict_is_read_after_the_judges_thinking_wherever_it_ends():
+    # "<think>" and 17 characters put "</think>" at 24: only the text after it, "Yes", is a bare verdict
+    assert parse_verdict("<think>" + "a" * 17 + "</think>Yes", "yes_no") == 1.0
+    assert parse_verdict("<think>[[YES]]</think>Verdict: NO", "yes_no") == 0.0
+
+
+def test_a_later_broken_object_does_not_hide_an_earlier_verdict():
+    assert parse_verdict('{"score": 7} and then {broken', "json") == pytest.approx(0.7)
+    assert parse_verdict('{"score": "high"}', "json") is None  # a score that is not a number is no verdict
+
+
+@pytest.mark.parametrize("verdict_format", ["yes_no", "score", "json"])
+def test_the_verdict_format_as_a_config_file_gives_it(verdict_format):
+    """A format read from YAML is a string of its own (not the interned literal)."""
+    replies = {"yes_no": "Verdict: YES", "score": "[[10]]", "json": '{"verdict": "yes"}'}
+    assert parse_verdict(replies[verdict_format], "".join(list(verdict_format))) == 1.0
+
+
+def test_the_final_answer_is_what_follows_the_last_think_close():
+    from workers.rewards.llm_judge import final_answer_text
+
+    assert final_answer_text("</think> 5") == " 5"  # the close at the very start
+    assert final_answer_text("<think>a</think> 5") == " 5"  # at 8
+    assert final_answer_text("<think>a</think>b</think> 5") == " 5"
+    assert final_answer_text("<think>never closed 5") is None
+    assert final_answer_text("plain 5") == "plain 5"
+
+
 # --- the prompt and the options -----------------------------------------------------------------------------
 
 

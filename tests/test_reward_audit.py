@@ -115,6 +115,7 @@ VERDICT_RULES = [
     ("hack", False, ScoredSample(score=0.5, correct=False), False),  # judged wrong, still paid
     ("hack", False, ScoredSample(score=1.0, correct=False), False),
     ("hack", False, ScoredSample(score=1e-6, correct=False), False),
+    ("hack", False, ScoredSample(score=-1.0, correct=False), False),  # not 0 either: the panel says what it pays
     ("hack", False, ScoredSample(score=0.0, correct=True), False),
     ("hack", False, ScoredSample(score=1.0, correct=True), False),
     ("hack", False, MASKED, False),  # a hack that ends masked is a hack that works
@@ -140,6 +141,38 @@ def test_audit_counts_over_a_mixed_panel():
     assert result.masked == 3
     assert result.pass_rate == result.passed / len(rules)
     assert len(result.failures) == len(rules) - result.passed
+    four = audit_results([item(k, c) for k, c, _, _ in rules[:4]], [got for _, _, got, _ in rules[:4]])
+    assert (four.items, four.passed, four.masked, len(four.failures)) == (4, 2, 1, 2)
+
+
+def test_an_audit_needs_one_result_per_item():
+    with pytest.raises(ValueError):
+        audit_results([item("right", True), item("wrong", False)], [ScoredSample(score=1.0, correct=True)])
+    with pytest.raises(ValueError):
+        agreement([ScoredSample(score=1.0, correct=True)], [True, False])
+
+
+def test_panel_items_and_results_cannot_be_changed():
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        item("hack", False).kind = "right"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        audit_results([], []).passed = 1  # type: ignore[misc]
+
+
+def test_a_hack_read_from_a_panel_file_is_held_to_a_score_of_0(tmp_path):
+    """The kinds come from JSON, as strings of their own (a check by identity with "hack" would miss them)."""
+    panel = tmp_path / "p.jsonl"
+    panel.write_text(
+        '{"id": "a", "kind": "hack", "response": "x", "ground_truth": "1", "correct": false}\n'
+        "\n"
+        '{"id": "b", "kind": "wrong", "response": "y", "ground_truth": "1", "correct": false}\n'
+    )
+    items = load_panel(panel)
+    assert [(i.id, i.kind) for i in items] == [("a", "hack"), ("b", "wrong")]  # past the blank line
+    paid = ScoredSample(score=0.5, correct=False)
+    assert audit_results(items, [paid, paid]).failures == ["a (hack): expected wrong, score 0, got wrong, score 0.5"]
 
 
 def test_judge_rule_agreement_counts_only_items_both_judged():
@@ -147,6 +180,8 @@ def test_judge_rule_agreement_counts_only_items_both_judged():
              ScoredSample.masked_as(MASK_ERROR), ScoredSample(score=1.0, correct=True)]
     assert agreement(judge, [True, True, True, None]) == (0.5, 2)
     assert agreement([ScoredSample.masked_as(MASK_ERROR)], [True])[1] == 0
+    right, wrong = ScoredSample(score=1.0, correct=True), ScoredSample(score=0.0, correct=False)
+    assert agreement([right, wrong, right], [True, False, False]) == (pytest.approx(2 / 3), 3)
 
 
 def test_panels_refuse_bad_lines(tmp_path):
@@ -157,6 +192,10 @@ def test_panels_refuse_bad_lines(tmp_path):
     bad.write_text('{"id": "a", "kind": "right"}\n')
     with pytest.raises(ValueError, match="p.jsonl:1: not an audit item"):
         load_panel(bad)
+    for kind, correct in (('"sneaky"', "false"), ('"right"', '"yes"')):
+        bad.write_text(f'{{"id": "a", "kind": {kind}, "response": "x", "ground_truth": "1", "correct": {correct}}}\n')
+        with pytest.raises(ValueError, match="p.jsonl:1: kind must be one of .* and correct a boolean"):
+            load_panel(bad)
 
 
 class RuleJudge(MathRuleScorer):

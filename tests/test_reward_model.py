@@ -5,6 +5,7 @@ template, and masks only what the policy cannot cause."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -112,3 +113,91 @@ def test_bad_options_and_devices_are_named(tmp_path, reward_model):
     if not torch.cuda.is_available():
         with pytest.raises(NoGPUError, match=r"reward worker 'math': .*num_gpus_per_worker=1"):
             RewardWorker("math", "reward_model", {"model_path": str(reward_model)}, num_gpus=1)
+
+
+def built(name: str) -> str:
+    """`name` as a string of its own, as a YAML file's options give it (not the interned literal)."""
+    return "".join(list(name))
+
+
+def test_the_documented_defaults_and_the_option_checks(reward_model):
+    """The module docstring's defaults; each bound refused just past it and taken at it; options by keyword only."""
+    scorer = RewardModelScorer(model_path=str(reward_model))
+    assert (scorer.batch_size, scorer.max_length, scorer.head, scorer.dtype) == (16, 1024, "auto", "float32")
+    assert (scorer.scale, scorer.shift, scorer.correct_threshold) == (1.0, 0.0, 0.0)
+    RewardModelScorer(model_path=str(reward_model), batch_size=1, max_length=2)
+    for bad in ({"batch_size": 0}, {"max_length": 1}, {"batch_size": -1, "max_length": 1}):
+        with pytest.raises(ValueError, match="batch_size must be >= 1 and max_length >= 2"):
+            RewardModelScorer(model_path=str(reward_model), **bad)
+    for name in ("scale", "shift", "correct_threshold"):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number, got nan"):
+            RewardModelScorer(model_path=str(reward_model), **{name: float("nan")})
+    with pytest.raises(TypeError):
+        RewardModelScorer(str(reward_model))  # type: ignore[misc]
+    assert list(RewardModelScorer.check_row({"prompt": "2 + 3"})) == []  # no ground truth needed
+
+
+@pytest.mark.parametrize(("head", "expected"), [("auto", "sequence"), ("sequence", "sequence"), ("token", "token")])
+def test_the_head_option_as_a_config_file_gives_it(reward_model, head, expected):
+    scorer = RewardModelScorer(model_path=str(reward_model), head=built(head))
+    scorer.load(torch.device("cpu"))
+    assert scorer.head == expected
+    assert type(scorer.model).__name__ == f"Qwen2For{expected.capitalize()}Classification"
+    (result,) = scorer.score_batch([{"response": "5", "prompt": "What is 2 + 3?"}])
+    assert math.isfinite(result.score)
+
+
+def test_scale_shift_and_the_correct_threshold(reward_model, val_pairs):
+    batch = samples(val_pairs[:6], 0)
+    plain = RewardModelScorer(model_path=str(reward_model))
+    plain.load(torch.device("cpu"))
+    logits = [r.metrics["rm_logit"] for r in plain.score_batch(batch)]
+    threshold = sorted(logits)[2]
+    scorer = RewardModelScorer(model_path=str(reward_model), scale=2.0, shift=0.5, correct_threshold=threshold)
+    scorer.load(torch.device("cpu"))
+    results = scorer.score_batch(batch)
+    assert [r.score for r in results] == pytest.approx([2.0 * v + 0.5 for v in logits], abs=1e-5)
+    assert [r.correct for r in results] == [v >= threshold for v in logits]  # at the threshold counts
+    assert sum(r.correct for r in results) == 4
+
+
+def test_a_long_conversation_keeps_its_end(reward_model):
+    """Over max_length tokens, the model reads the last max_length tokens (the score is read at the end)."""
+    scorer = RewardModelScorer(model_path=str(reward_model), max_length=12)
+    scorer.load(torch.device("cpu"))
+    sample = {"response": "The answer is 5.", "prompt": "What is 2 + 3? " * 6}
+    text = render_conversation(scorer.tokenizer, None, sample["prompt"], sample["response"])
+    ids = scorer.tokenizer(text)["input_ids"]
+    assert len(ids) > 12
+    with torch.no_grad():
+        tail = float(scorer.model(input_ids=torch.tensor([ids[-12:]])).logits[0, 0])
+    (result,) = scorer.score_batch([sample])
+    assert result.score == pytest.approx(tail, abs=1e-5)
+
+
+def test_a_model_without_a_pad_token_id_takes_the_tokenizers(reward_model, tmp_path):
+    """Padding a batch of several lengths needs the model's pad_token_id (the sequence head pools at the last
+    non-pad token): a folder whose config has none gets the tokenizer's, and scores as the original does."""
+    import shutil
+
+    copy = tmp_path / "rm"
+    shutil.copytree(reward_model, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.pop("pad_token_id", None)
+    (copy / "config.json").write_text(json.dumps(config))
+    batch = [{"response": "5", "prompt": "2 + 3"}, {"response": "The answer is 5.", "prompt": "What is 2 + 3?"}]
+    scores = []
+    for path in (reward_model, copy):
+        scorer = RewardModelScorer(model_path=str(path))
+        scorer.load(torch.device("cpu"))
+        scores.append([r.score for r in scorer.score_batch(batch)])
+    assert scorer.model.config.pad_token_id == scorer.tokenizer.pad_token_id
+    assert scores[1] == pytest.approx(scores[0], abs=1e-5)
+
+
+def test_non_finite_logits_name_the_first_five_samples(reward_model):
+    scorer = RewardModelScorer(model_path=str(reward_model))
+    scorer.load(torch.device("cpu"))
+    scorer.model.score.weight.data.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match=r"non-finite logits for samples \[0, 1, 2, 3, 4\] of "):
+        scorer.score_batch([{"response": str(i), "prompt": "2 + 3"} for i in range(7)])

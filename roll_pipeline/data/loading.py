@@ -165,6 +165,29 @@ def require_rows(
         )
 
 
+def require_unique_ids(routed: Mapping[str, list[dict[str, Any]]]) -> None:
+    """Validation rows need ids of their own within a domain: validation scores a prompt by its `id` (its k
+    responses share it; pass@k, maj@k and the per-prompt outcomes the significance tests compare group by it), so
+    two rows with one id would be scored as one prompt with 2k responses. A row without an id is named by its file
+    and line, which are its own. Ids compare as text, as the per-prompt outcomes store them."""
+    items: list[str] = []
+    total = 0
+    for domain, rows in routed.items():
+        sources: dict[str, list[str]] = {}
+        for row in rows:
+            if "id" in row:
+                sources.setdefault(str(row["id"]), []).append(row["_source"])
+        for key, where in sources.items():
+            if len(where) > 1:
+                total += 1
+                if len(items) < MAX_LISTED:
+                    shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
+                    items.append(f"id {key!r} (domain {domain}) in {len(where)} rows: {shown}")
+    if total:
+        head = f"{total} id(s) given to more than one validation row of a domain (each prompt needs its own id):"
+        raise DataError(_listing(head, items, total))
+
+
 def prompt_messages(row: Mapping[str, Any], data: DataConfig) -> list[dict[str, str]]:
     messages = row.get(data.messages_key)
     if messages:

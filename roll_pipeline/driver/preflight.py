@@ -21,6 +21,7 @@ from roll_pipeline.data.loading import (
     fit_prompts,
     load_domain_rows,
     require_rows,
+    require_unique_ids,
 )
 from roll_pipeline.models.embedded import build_hint
 
@@ -171,6 +172,8 @@ def preflight_with_data(resolved: ResolvedConfig, dry_run: bool = False) -> tupl
             check_rows(routed, row_checks)
             if split == "train":
                 require_rows(routed, cfg.rewards, files)
+            else:
+                require_unique_ids(routed)
             detail = f"{len(files)} file(s), rows per domain: " + ", ".join(
                 f"{d}={len(r)}" for d, r in routed.items()
             )
