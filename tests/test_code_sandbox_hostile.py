@@ -47,6 +47,20 @@ def scorer():
     scorer.close()
 
 
+@pytest.fixture(scope="module")
+def roomy_scorer():
+    """A scorer whose wall-clock limit stays out of the way of the memory limits. A memory bomb meets its limit in
+    0.21-0.36 s on an idle 2-core AMD EPYC (5 runs, also with three busy loops beside it), yet CI's full suite once
+    took the 2 s limit first ('timeout' for the gradual bomb, 2779dab); 15 s leaves a margin, and a bomb that the
+    memory limits failed to stop still ends."""
+    try:
+        scorer = CodeSandboxScorer(timeout_s=15.0, concurrency=2)
+    except IsolationUnavailable as err:
+        pytest.skip(f"this host cannot isolate the sandbox: {err}")
+    yield scorer
+    scorer.close()
+
+
 @pytest.fixture
 def canary():
     """A world-writable directory in the host's /tmp with one file in it: only the sandbox protects it."""
@@ -207,8 +221,8 @@ print(n)
     ],
     ids=["one-allocation", "gradual", "in-the-call"],
 )
-def test_memory_bomb(scorer, code):
-    result, _ = score_hostile(scorer, code, SQUARE_CALLS)
+def test_memory_bomb(roomy_scorer, code):
+    result, _ = score_hostile(roomy_scorer, code, SQUARE_CALLS)
     assert first_failure(result) == "memory_limit"
 
 
