@@ -405,6 +405,156 @@ def test_stdin_stdout(scorer):
     assert (result.score, failure(result)) == (0.5, "wrong_answer")
 
 
+def test_a_memory_limit_in_one_test_counts_as_that_tests_failure(scorer):
+    # memory_limit and output_limit sort before "passed": a comparison by order would count them as passes.
+    code = "def square(x):\n    if x == 3:\n        return len([0] * (10 ** 10))\n    return x * x\n"
+    result = scorer.score(code, "", test_cases=SQUARE_TESTS)
+    assert (result.score, result.correct, failure(result)) == (pytest.approx(2 / 3), False, "memory_limit")
+
+
+def test_a_suite_of_hundreds_of_tests_that_all_pass_is_correct(scorer):
+    # Past 256, counts are distinct int objects: an identity comparison of the counts would call it wrong.
+    tests = json.dumps({"fn_name": "square", "inputs": [[i] for i in range(300)], "outputs": [i * i for i in range(300)]})
+    result = scorer.score(SQUARE, "", test_cases=tests)
+    assert (result.score, result.correct, result.metrics["pass_rate"]) == (1.0, True, 1.0)
+
+
+def test_the_fraction_mode_named_as_a_config_file_gives_it(scorer):
+    # A string read from YAML is not the interned literal of the code: the mode must be compared by value.
+    mode = "".join(["frac", "tion"])
+    fraction = CodeSandboxScorer(timeout_s=2.0, reward_mode=mode, pool_size=1, concurrency=1)
+    try:
+        result = fraction.score("def square(x):\n    return x + x\n", "", test_cases=SQUARE_TESTS)
+    finally:
+        fraction.close()
+    assert (result.score, result.correct) == (pytest.approx(1 / 3), False)
+
+
+def test_a_test_that_cannot_be_run_leaves_the_sample_unscored(scorer, caplog):
+    # The test passes a function to the program: no value the checker can send, so the test cannot run as written
+    # (not the program's doing: not scored, rather than scored 0).
+    tests = json.dumps({"asserts": ["assert apply(lambda v: v + 1, 2) == 3"]})
+    code = "def apply(f, x):\n    return f(x)\n"
+    assert scorer.score(code, "", test_cases=tests, id="sample-9") is None
+    assert "cannot be run" in caplog.text and "sample-9" in caplog.text
+
+
+def test_the_checker_gets_no_cpu_limit_an_honest_check_could_reach(scorer, monkeypatch):
+    """The checker serves up to CHECKER_JOBS checks, each within the sample's wall-clock budget: a lifetime CPU
+    limit under their sum could end a later check that did nothing wrong. The program keeps its own limits."""
+    from workers.rewards.sandbox.prestarted import CHECKER_JOBS
+
+    executor = scorer._executor_here()
+    seen = []
+    real = executor.run_checked
+
+    def spy(program, checker, timeout_s=None):
+        seen.append((program, checker, timeout_s))
+        return real(program, checker, timeout_s)
+
+    monkeypatch.setattr(executor, "run_checked", spy)
+    assert scorer.score(SQUARE, "", test_cases=SQUARE_TESTS).correct
+    ((program, checker, timeout_s),) = seen
+    assert program["limits"] == scorer.limits.for_job()
+    assert checker["limits"]["cpu_s"] >= CHECKER_JOBS * scorer.sample_timeout_s
+    assert {k: v for k, v in checker["limits"].items() if k != "cpu_s"} == {
+        k: v for k, v in program["limits"].items() if k != "cpu_s"
+    }
+    assert timeout_s == scorer.sample_timeout_s
+
+
+def _count_calls(monkeypatch, executor, *names):
+    calls = {name: 0 for name in names}
+    for name in names:
+        real = getattr(executor, name)
+
+        def counted(*args, _name=name, _real=real, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(executor, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize(("tests", "batched"), [(1, 0), (2, 1), (3, 1)])
+def test_stdin_stdout_suites_of_two_or_more_tests_run_in_one_batched_run(scorer, monkeypatch, tests, batched):
+    assert scorer.reuses()  # test_the_probe_sees_every_layer_on_this_host: a zygote pool here
+    calls = _count_calls(monkeypatch, scorer._executor_here(), "run", "run_tests")
+    suite = json.dumps({"inputs": [f"{i} 1\n" for i in range(tests)], "outputs": [f"{i + 1}\n" for i in range(tests)]})
+    assert scorer.score("a, b = map(int, input().split())\nprint(a + b)\n", "", test_cases=suite).correct
+    assert calls == {"run": 0 if batched else tests, "run_tests": batched}
+
+
+def test_without_reused_sandboxes_each_stdin_stdout_test_is_a_run_of_its_own(monkeypatch):
+    strict = CodeSandboxScorer(timeout_s=2.0, isolation="strict", pool_size=1, concurrency=1)
+    try:
+        assert not strict.reuses()
+        calls = _count_calls(monkeypatch, strict._executor_here(), "run", "run_tests")
+        suite = json.dumps({"inputs": ["1 2\n", "5 5\n", "0 0\n"], "outputs": ["3\n", "10\n", "0\n"]})
+        assert strict.score("a, b = map(int, input().split())\nprint(a + b)\n", "", test_cases=suite).correct
+    finally:
+        strict.close()
+    assert calls == {"run": 3, "run_tests": 0}
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def monotonic(self):
+        return self.now
+
+
+class _TimedRuns:
+    """An executor whose stdin/stdout runs take the given seconds on a fake clock; a run that would pass the
+    timeout it is given, or the per-run limit, ends as a timeout at that moment; ``gap_s`` is the worker's own
+    time after each run (a preempted thread). Every run's timeout is kept."""
+
+    def __init__(self, clock, durations, per_run_limit_s, gap_s=0.0):
+        self.clock, self.durations, self.per_run_limit_s = clock, list(durations), per_run_limit_s
+        self.gap_s = gap_s
+        self.timeouts: list[float] = []
+
+    def run(self, job, stdin, timeout_s):
+        self.timeouts.append(timeout_s)
+        took = self.durations[len(self.timeouts) - 1]
+        limit = min(timeout_s, self.per_run_limit_s)
+        self.clock.now += self.gap_s
+        if took > limit:
+            self.clock.now += max(limit, 0.0)
+            return RunOutput(TIMEOUT)
+        self.clock.now += took
+        return RunOutput(EXITED, stdout=stdin, exit_code=0)
+
+
+@pytest.mark.parametrize(
+    ("durations", "gap_s", "timeouts", "outcomes"),
+    [
+        # Each run gets what is left of the sample's 5 s; the fourth has 0.5 s left and needs 1.5.
+        ([1.5, 1.5, 1.5, 1.5], 0.0, [5.0, 3.5, 2.0, 0.5], ["passed"] * 3 + ["timeout"]),
+        # A test that timed out ends the sample: the rest are timeouts without a run.
+        ([0.5, 9.0, 0.5, 0.5], 0.0, [5.0, 4.5], ["passed", "timeout", "timeout", "timeout"]),
+        # The budget spent to the last instant: no run is started with nothing left.
+        ([2.0, 2.0, 1.0, 0.5], 0.0, [5.0, 3.0, 1.0], ["passed"] * 3 + ["timeout"]),
+        # The worker's own time after each run carries the clock past the deadline: no run with less than nothing.
+        ([2.0, 2.0, 0.5, 0.5], 0.25, [5.0, 2.75, 0.5], ["passed"] * 3 + ["timeout"]),
+    ],
+)
+def test_stdin_stdout_runs_share_the_samples_budget(monkeypatch, durations, gap_s, timeouts, outcomes):
+    """The scorer's own arithmetic, on a fake clock (no duration is measured): each run's timeout is what is left
+    of ``sample_timeout_s``, and tests past it are timeouts."""
+    clock = _Clock()
+    runs = _TimedRuns(clock, durations, per_run_limit_s=2.0, gap_s=gap_s)
+    scorer = CodeSandboxScorer(timeout_s=2.0, sample_timeout_s=5.0, isolation="strict", pool_size=1, concurrency=1)
+    monkeypatch.setattr(scorer, "_executor_here", lambda: runs)
+    monkeypatch.setattr(code_sandbox, "time", clock)
+    suite = StdioTests(tuple(f"{i}\n" for i in range(4)), tuple(f"{i}\n" for i in range(4)))
+    assert scorer.outcomes(suite, "print(input())") == outcomes
+    assert runs.timeouts == timeouts
+    monkeypatch.undo()
+    scorer.close()
+
+
 def test_tests_can_come_as_the_ground_truth(scorer):
     # `roll rewards score code_sandbox --response @solution.py --ground-truth @tests.json`
     assert scorer.score(SQUARE, SQUARE_TESTS).correct
