@@ -38,6 +38,10 @@ def test_wilson_interval_is_scipys(k, n):
 
 def test_wilson_interval_of_nothing_and_of_shares():
     assert all(math.isnan(x) for x in wilson_interval(0, 0))
+    # All correct: the upper bound is exactly 1 (computed, 0.9999999999999999 for n = 10), for a count or a sum
+    # of shares; none correct: the lower bound is exactly 0.
+    assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(10.0, 10)[1] == 1.0
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(0.0, 10)[0] == 0.0
     # Fractional successes (shares of k responses) sit between the whole counts around them.
     low, high = wilson_interval(3.5, 10)
     assert wilson_interval(3, 10)[0] < low < wilson_interval(4, 10)[0]
@@ -79,6 +83,31 @@ def test_outcome_tables_round_trip_and_refuse_garbage():
     assert outcomes_from_table(outcomes_table(outcomes)) == outcomes
     with pytest.raises(ValueError, match="per-prompt"):
         outcomes_from_table({"prompt": ["a"], "tag": ["t"]})
+    # A prompt with nothing scored (all its responses masked) is left out: it has no share correct.
+    table = outcomes_table(outcomes) | {"prompt": ["code/7", "math/0", "math/9"], "tag": ["list", "add", "add"]}
+    table |= {"correct": [0, 1, 0], "scored": [1, 2, 0]}
+    assert outcomes_from_table(table) == outcomes
+    # Columns of different lengths, or counts no validation gives, are not a table to compare against.
+    bad_tables = [
+        {"prompt": ["a", "b"], "tag": ["t"], "correct": [1], "scored": [1]},
+        {"prompt": ["a"], "tag": ["t"], "correct": [0], "scored": [-1]},
+        {"prompt": ["a"], "tag": ["t"], "correct": [-1], "scored": [2]},
+        {"prompt": ["a"], "tag": ["t"], "correct": [3], "scored": [2]},
+    ]
+    for bad in bad_tables:
+        with pytest.raises(ValueError, match="per-prompt"):
+            outcomes_from_table(bad)
+
+
+def test_results_are_frozen():
+    import dataclasses
+
+    change = compare(outcomes_of("add", [True]), outcomes_of("add", [False]))["add"]
+    for value, field in [(PromptOutcome("add", 1, 2), "correct"), (intervals(outcomes_of("a", [True]))[ALL], "low")]:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        change.regressed = True
 
 
 def outcomes_of(tag: str, solved: list[bool], start: int = 0) -> dict[str, PromptOutcome]:
@@ -133,6 +162,14 @@ def test_the_adjustment_keeps_a_borderline_tag_from_being_flagged_among_many():
     assert not compare(before, after)["a"].regressed
 
 
+def test_a_p_value_exactly_at_alpha_is_not_a_regression():
+    # 6 prompts lost, none won: the exact McNemar p-value is 2 / 64 = 0.03125, a float without rounding.
+    before, after = outcomes_of("a", [True] * 6), outcomes_of("a", [False] * 6)
+    assert compare(before, after, alpha=0.03125)["a"].p_adjusted == 0.03125
+    assert not compare(before, after, alpha=0.03125)["a"].regressed
+    assert compare(before, after, alpha=0.0313)["a"].regressed
+
+
 def test_validation_significance_metrics_and_tags():
     before = outcomes_of("add", [True] * 20)
     after = outcomes_of("add", [False] * 20)
@@ -144,6 +181,13 @@ def test_validation_significance_metrics_and_tags():
     assert metrics["val_change/add/paired"] == 20.0
     assert tags["val_regressed"] == "add"
     assert validation_significance(before, before)[1]["val_regressed"] == "none"
+    # The default alpha is 0.05: 3 prompts lost and none won (p = 0.25) is not flagged.
+    metrics, tags = validation_significance(outcomes_of("add", [False] * 3), outcomes_of("add", [True] * 3))
+    assert metrics["val_change/add/p_value"] == 0.25 and metrics["val_change/add/difference"] == -1.0
+    assert tags["val_regressed"] == "none" and metrics["val_change/add/regressed"] == 0.0
+    # Tags that sort after "all" are named too.
+    metrics, tags = validation_significance(outcomes_of("mul", [False] * 20), outcomes_of("mul", [True] * 20))
+    assert tags["val_regressed"] == "mul" and metrics["val_change/mul/regressed"] == 1.0
 
 
 def log_validation(tracker: MlflowTracker, step: int, outcomes: dict[str, PromptOutcome]) -> None:

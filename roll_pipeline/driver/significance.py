@@ -69,9 +69,17 @@ def outcomes_table(outcomes: Mapping[str, PromptOutcome]) -> dict[str, list]:
 
 
 def outcomes_from_table(table: Mapping[str, list]) -> dict[str, PromptOutcome]:
+    """The outcomes of a table's rows; a row with nothing scored is left out, a row with counts no validation
+    gives (negative, or more correct than scored) makes the table refused."""
     try:
         rows = zip(table["prompt"], table["tag"], table["correct"], table["scored"], strict=True)
-        return {str(k): PromptOutcome(str(t), int(c), int(n)) for k, t, c, n in rows if int(n) > 0}
+        outcomes = {}
+        for k, t, c, n in rows:
+            if not 0 <= int(c) <= int(n):
+                raise ValueError(f"prompt {k}: {c} correct of {n} scored")
+            if int(n) > 0:
+                outcomes[str(k)] = PromptOutcome(str(t), int(c), int(n))
+        return outcomes
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"not a per-prompt outcome table ({err})") from None
 
