@@ -12,8 +12,11 @@ from roll_pipeline.batch import Batch
 from roll_pipeline.models.forward import (
     FULL_SOFTMAX,
     batched_log_probs,
+    batched_values,
     concat_prompt_response,
+    log_probs_from_logits,
     response_logits,
+    response_values,
 )
 from roll_pipeline.models.sampling import SamplingDistribution
 
@@ -144,3 +147,63 @@ def test_log_probs_of_the_trainer_equal_the_generators_on_left_padded_prompts(
     # (absolute; 9.7e-7 on rotary, where a whole row's shift changes nothing). rotary-top_p-top_k (2026-11-26):
     # 4.1e-6; with the trainer's full softmax (the truncation left out) 0.22.
     assert worst < 1e-5, worst
+
+
+def even_response_batch() -> Batch:
+    """pair_batch with 4 response tokens: an even length tells -R - 1 from -R ^ 1 (equal for odd R)."""
+    batch = pair_batch()
+    return batch.update({"response_ids": batch["response_ids"][:, :4], "response_mask": batch["response_mask"][:, :4]})
+
+
+def test_the_fallback_without_logits_to_keep_takes_the_same_positions_for_an_even_response(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval()
+    batch = even_response_batch()
+    input_ids, attention_mask, position_ids = concat_prompt_response(batch)
+    with torch.no_grad():
+        full = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        fallback = response_logits(NoLogitsToKeep(model), batch)
+    torch.testing.assert_close(fallback, full[:, 6:10, :], rtol=0, atol=0)
+
+
+def test_log_probs_leave_the_graph_and_entropies_are_asked_for():
+    logits = torch.randn(2, 3, 11, requires_grad=True)
+    tokens = torch.randint(0, 11, (2, 3))
+    log_probs, entropy = log_probs_from_logits(logits, tokens)
+    assert entropy is None and log_probs.requires_grad
+    _, entropy = log_probs_from_logits(logits, tokens, with_entropy=True)
+    assert entropy is not None and entropy.requires_grad  # by default the entropy bonus can train
+    _, entropy = log_probs_from_logits(logits, tokens, with_entropy=True, entropy_grad=False)
+    assert not entropy.requires_grad
+
+
+def test_batched_log_probs_keep_no_graph(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    assert not batched_log_probs(model, pair_batch(), micro_batch_size=2, sampling=FULL_SOFTMAX).requires_grad
+
+
+@pytest.fixture(scope="module")
+def value_model(tiny_model):
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(0)
+    return AutoModelForTokenClassification.from_pretrained(str(tiny_model), num_labels=1).eval()
+
+
+@pytest.mark.parametrize("batch", [pair_batch(), even_response_batch()], ids=["odd", "even"])
+def test_values_are_the_full_forwards_at_the_state_before_each_response_token(value_model, batch):
+    """A critic's value of response token j is the value head's output at the position before it (P - 1 + j),
+    like the logits that predict it; batched, they do not depend on the micro-batch and padding is 0."""
+    input_ids, attention_mask, position_ids = concat_prompt_response(batch)
+    response_len = batch["response_ids"].shape[1]
+    with torch.no_grad():
+        full = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        values = response_values(value_model, batch)
+    assert values.shape == (3, response_len) and values.dtype == torch.float32
+    torch.testing.assert_close(values, full[:, 6 : 6 + response_len, 0], rtol=0, atol=0)
+    whole = batched_values(value_model, batch, micro_batch_size=3)
+    assert not whole.requires_grad
+    one_by_one = batched_values(value_model, batch, micro_batch_size=1)
+    torch.testing.assert_close(whole, one_by_one, rtol=1e-5, atol=1e-5)
+    mask = batch["response_mask"] > 0
+    assert (whole[~mask] == 0).all()
+    torch.testing.assert_close(whole[mask], values[mask], rtol=1e-5, atol=1e-5)

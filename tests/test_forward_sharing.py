@@ -3,6 +3,8 @@ one forward over every row, within float rounding."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -108,3 +110,75 @@ def test_gradient_checkpointing_turns_sharing_off(model):
     finally:
         model.gradient_checkpointing_disable()
     assert forward.can_share_prompts(model)
+
+
+def forward_batch_sizes(model, batch: Batch, monkeypatch) -> list[int]:
+    """The batch size of each forward the model runs for `response_logits(model, batch)`."""
+    sizes: list[int] = []
+    real = type(model).forward
+
+    @functools.wraps(real)  # the same signature: whether it takes logits_to_keep is read from it
+    def counted(self, *args, **kwargs):
+        sizes.append(kwargs["input_ids"].shape[0])
+        return real(self, *args, **kwargs)
+
+    with monkeypatch.context() as m, torch.no_grad():
+        m.setattr(type(model), "forward", counted)
+        response_logits(model, batch)
+    return sizes
+
+
+def test_each_prompt_goes_through_the_model_once(model, monkeypatch):
+    model.eval()
+    # 3 prompts x 4 rows: the prompts' forward (3 rows), then the responses on its cache (12).
+    assert forward_batch_sizes(model, grouped_batch(group=4), monkeypatch) == [3, 12]
+    # 2 rows per prompt is SHARE_FROM: still shared.
+    assert forward_batch_sizes(model, grouped_batch(group=2), monkeypatch) == [3, 6]
+    # One prompt in two rows.
+    two = grouped_batch(group=2).select([0, 1, 2, 3, 4, 5])
+    one_prompt = two.select([i for i in range(6) if torch.equal(two["prompt_ids"][i], two["prompt_ids"][0])])
+    assert len(one_prompt) == 2 and forward_batch_sizes(model, one_prompt, monkeypatch) == [1, 2]
+    # One row per prompt: one forward over every row.
+    assert forward_batch_sizes(model, grouped_batch(group=1), monkeypatch) == [3]
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_sharing_gives_the_same_logits_for_responses_of_one_and_two_tokens(model, monkeypatch, width):
+    model.eval()
+    batch = grouped_batch(seed=2)
+    batch = batch.update(
+        {"response_ids": batch["response_ids"][:, :width], "response_mask": torch.ones(len(batch), width)}
+    )
+    with torch.no_grad():
+        shared = response_logits(model, batch)
+        full = unshared(model, batch, monkeypatch)
+    assert shared.shape == full.shape == (len(batch), width, model.config.vocab_size)
+    assert torch.allclose(shared, full, atol=1e-4, rtol=1e-4)
+
+
+def test_a_batch_of_shapes_alone_shares_nothing():
+    # Device-placement checks run on the meta device: no values to compare prompts by.
+    assert shared_prompts(grouped_batch().to("meta")) is None
+
+
+def test_a_model_without_a_checkpointing_flag_can_share():
+    class PlainLM(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0):
+            raise NotImplementedError
+
+    assert forward.can_share_prompts(PlainLM())
+
+
+def test_sharing_on_absolute_positions(tiny_model, tmp_path, monkeypatch):
+    """GPT-2's learned position embeddings take no negative index and show a shifted row: left padding must get
+    position 0 and real tokens the positions they have alone, on the prompts' forward and on the responses'."""
+    from tests.test_forward import absolute_position_model
+
+    gpt2 = AutoModelForCausalLM.from_pretrained(absolute_position_model(tiny_model, tmp_path / "gpt2")).eval()
+    assert forward.can_share_prompts(gpt2)
+    batch = grouped_batch(seed=3)
+    assert forward_batch_sizes(gpt2, batch, monkeypatch) == [3, 12]
+    with torch.no_grad():
+        shared = response_logits(gpt2, batch)
+        full = unshared(gpt2, batch, monkeypatch)
+    assert torch.allclose(masked(shared, batch), masked(full, batch), atol=1e-4, rtol=1e-4)
