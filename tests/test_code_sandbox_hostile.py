@@ -221,7 +221,8 @@ print(n)
     ],
     ids=["one-allocation", "gradual", "in-the-call"],
 )
-def test_memory_bomb(roomy_scorer, code):
+def test_memory_bomb(scorer, roomy_scorer, code):
+    scorer.close()  # the module's other scorer: its idle sandboxes would count as this run's leftovers
     result, _ = score_hostile(roomy_scorer, code, SQUARE_CALLS)
     assert first_failure(result) == "memory_limit"
 
