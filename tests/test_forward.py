@@ -46,18 +46,26 @@ class NoLogitsToKeep(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
 
 
-def test_response_logits_are_the_full_forwards_logits_at_the_positions_before_each_response_token(tiny_model):
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval()
+def even_response_batch() -> Batch:
+    """pair_batch with 4 response tokens: an even length tells -R - 1 from -R ^ 1 (equal for odd R)."""
     batch = pair_batch()
+    return batch.update({"response_ids": batch["response_ids"][:, :4], "response_mask": batch["response_mask"][:, :4]})
+
+
+@pytest.mark.parametrize(("batch", "response_len"), [(pair_batch(), 5), (even_response_batch(), 4)], ids=["odd", "even"])
+def test_response_logits_are_the_full_forwards_logits_at_the_positions_before_each_response_token(
+    tiny_model, batch, response_len
+):
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval()
     input_ids, attention_mask, position_ids = concat_prompt_response(batch)
     with torch.no_grad():
         full = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
         kept = response_logits(model, batch)
         fallback = response_logits(NoLogitsToKeep(model), batch)
-    assert kept.shape == (3, 5, model.config.vocab_size)
+    assert kept.shape == (3, response_len, model.config.vocab_size)
     # position P - 1 + j predicts response token j
-    torch.testing.assert_close(kept, full[:, 6:11, :], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fallback, full[:, 6:11, :], rtol=0, atol=0)
+    torch.testing.assert_close(kept, full[:, 6 : 6 + response_len, :], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fallback, full[:, 6 : 6 + response_len, :], rtol=0, atol=0)
 
 
 def test_batched_log_probs_do_not_depend_on_the_micro_batch_and_zero_the_padding(tiny_model):
@@ -147,22 +155,6 @@ def test_log_probs_of_the_trainer_equal_the_generators_on_left_padded_prompts(
     # (absolute; 9.7e-7 on rotary, where a whole row's shift changes nothing). rotary-top_p-top_k (2026-11-26):
     # 4.1e-6; with the trainer's full softmax (the truncation left out) 0.22.
     assert worst < 1e-5, worst
-
-
-def even_response_batch() -> Batch:
-    """pair_batch with 4 response tokens: an even length tells -R - 1 from -R ^ 1 (equal for odd R)."""
-    batch = pair_batch()
-    return batch.update({"response_ids": batch["response_ids"][:, :4], "response_mask": batch["response_mask"][:, :4]})
-
-
-def test_the_fallback_without_logits_to_keep_takes_the_same_positions_for_an_even_response(tiny_model):
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval()
-    batch = even_response_batch()
-    input_ids, attention_mask, position_ids = concat_prompt_response(batch)
-    with torch.no_grad():
-        full = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-        fallback = response_logits(NoLogitsToKeep(model), batch)
-    torch.testing.assert_close(fallback, full[:, 6:10, :], rtol=0, atol=0)
 
 
 def test_log_probs_leave_the_graph_and_entropies_are_asked_for():
