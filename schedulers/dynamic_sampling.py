@@ -283,8 +283,7 @@ class DynamicSamplingScheduler:
             surplus += [g for g in dropped if g.order > last]
             dropped = [g for g in dropped if g.order < last]
         wall_s = time.perf_counter() - start
-        metrics = self._metrics(kept, dropped, drawn, peak, aborted, bound, num_prompts, wall_s)
-        metrics[f"scheduler/{self.domain}/surplus"] = float(len(surplus))
+        metrics = self._metrics(kept, dropped, surplus, drawn, peak, aborted, bound, num_prompts, wall_s)
         if self.ledger is not None:
             # Every scored group counts (kept, dropped or surplus), applied in draw order so that the ledger does
             # not depend on which group's scoring finished first.
@@ -530,6 +529,7 @@ class DynamicSamplingScheduler:
         self,
         kept: list[Group],
         dropped: list[Group],
+        surplus: list[Group],
         drawn: int,
         peak: int,
         aborted: int,
@@ -538,11 +538,12 @@ class DynamicSamplingScheduler:
         wall_s: float,
     ) -> dict[str, float]:
         p = f"scheduler/{self.domain}"
-        scored = kept + dropped
+        scored = kept + dropped + surplus  # every group scored this step, in the batch or not
         metrics = {
             f"{p}/prompts_drawn": float(drawn),
             f"{p}/groups_kept": float(len(kept)),
             f"{p}/groups_dropped": float(len(dropped)),
+            f"{p}/surplus": float(len(surplus)),
             f"{p}/redraws": float(max(0, drawn - share)),
             f"{p}/aborted": float(aborted),
             f"{p}/peak_in_flight": float(peak),

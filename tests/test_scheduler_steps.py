@@ -1,0 +1,634 @@
+"""The per-domain scheduler's step logic run in this process, without Ray: the same DynamicSamplingScheduler class
+on an asyncio loop, with actor_infer and the reward workers replaced by objects whose methods answer `.remote()`
+as a Ray actor handle does (an awaitable). The test holds every request until it releases it, so which requests
+are in flight when a group lands is set by the test, not by a machine's speed; tests/test_dynamic_sampling.py
+runs the scheduler as the Ray actor it is in a run.
+
+These are the fast tests that mutation testing runs on schedulers/dynamic_sampling.py (mutation/targets.toml)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import logging
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from ray.exceptions import ActorUnavailableError, RayActorError
+from transformers import AutoTokenizer
+
+import schedulers.dynamic_sampling as ds
+from roll_pipeline.config import GeneratingArgs
+from roll_pipeline.data.loading import encode_prompts
+from schedulers.dynamic_sampling import (
+    DynamicSamplingScheduler,
+    PromptSampler,
+    SamplingBoundError,
+    prompt_rows,
+    request_seed,
+)
+from tests.conftest import TINY_MODEL
+from tests.test_dynamic_sampling import PATTERNS, config, draw_order, rows_of
+from workers.rewards.scored import ScoredSample
+
+N = 4
+ARGS = GeneratingArgs(max_new_tokens=4)
+TOK = AutoTokenizer.from_pretrained(str(TINY_MODEL))
+
+
+class Handle:
+    """A Ray actor handle's face: `handle.method.remote(...)` starts the object's method (plain or async) as a task
+    on the running loop and gives it back to await."""
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def __getattr__(self, name):
+        method = getattr(self.obj, name)
+
+        async def call(*args, **kwargs):
+            out = method(*args, **kwargs)
+            return await out if inspect.isawaitable(out) else out
+
+        return SimpleNamespace(remote=lambda *a, **k: asyncio.ensure_future(call(*a, **k)))
+
+
+class Infer:
+    """actor_infer: answers a prompt by the pattern word in it (PATTERNS), one row per response. Requests wait at
+    `gate` while it is closed (the test opens it); request k >= `hold_from` answers only when aborted; the first
+    `unavailable` calls raise ActorUnavailableError (a worker Ray is restarting)."""
+
+    def __init__(self, hold_from: int | None = None, unavailable: int = 0, log_probs: bool = False) -> None:
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.hold_from, self.unavailable, self.log_probs = hold_from, unavailable, log_probs
+        self.requests: list[tuple[str, int, int | None, int | None]] = []
+        """(request id, prompts, seed, weights version) per call."""
+        self.aborted: list[str] = []
+        self.weights: list[tuple[object, int]] = []
+
+    async def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None):
+        self.requests.append((request_id, len(prompts), seed, weights_version))
+        if self.unavailable:
+            self.unavailable -= 1
+            raise ActorUnavailableError("restarting", None)
+        await self.gate.wait()
+        k = int(request_id.rsplit("/", 1)[1])
+        if self.hold_from is not None and k >= self.hold_from:
+            await asyncio.Event().wait()  # until the scheduler cancels it
+        rows, finish = [], []
+        for prompt in prompts:
+            pattern = next(p for p in PATTERNS if p in TOK.decode(prompt))
+            for j, answer in enumerate(PATTERNS[pattern][:n]):
+                rows.append(TOK.encode(answer, add_special_tokens=False) + [TOK.eos_token_id] * (1 + j % 2))
+                finish.append("length" if pattern == "cut" and j < 2 else "stop")
+        width = max(len(r) for r in rows)
+        out = {
+            "response_ids": torch.tensor([r + [TOK.pad_token_id] * (width - len(r)) for r in rows]),
+            "response_mask": torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows]),
+            "finish_reason": finish,
+        }
+        if self.log_probs:
+            out["infer_log_probs"] = -out["response_mask"] * torch.arange(1, len(rows) + 1)[:, None]
+        return out
+
+    def abort(self, request_ids):
+        self.aborted.extend(request_ids)
+        return len(request_ids)
+
+    def update_weights(self, ref, version):
+        self.weights.append((ref, version))
+
+
+class Reward:
+    """A reward worker: scores like math_rule with ground truth "1"; "lost" raises RayActorError (the actor
+    died) on every call; `masked` masks responses that are exactly that text."""
+
+    def __init__(self, lost: bool = False, masked: str | None = None) -> None:
+        self.lost, self.masked = lost, masked
+        self.samples: list[dict] = []
+        self.calls = 0
+
+    def score_batch(self, samples):
+        self.calls += 1
+        if self.lost:
+            raise RayActorError()
+        self.samples.extend(samples)
+        return [
+            ScoredSample.masked_as("error")
+            if s["response"] == self.masked
+            else ScoredSample(score=float(s["response"].strip() == "1"), correct=s["response"].strip() == "1",
+                              metrics={"len": float(len(s["response"]))})
+            for s in samples
+        ]
+
+
+def make(cfg, rows, infer, rewards=None, val_rows=()):
+    rewards = rewards if rewards is not None else [Reward()]
+    workers = (
+        {name: [Handle(r) for r in rs] for name, rs in rewards.items()}
+        if isinstance(rewards, dict)
+        else [Handle(r) for r in rewards]
+    )
+    return DynamicSamplingScheduler(
+        domain="math",
+        rows=rows,
+        prompt_ids=encode_prompts(TOK, rows, cfg.data),
+        val_rows=list(val_rows),
+        val_prompt_ids=encode_prompts(TOK, list(val_rows), cfg.data),
+        pipeline_config=cfg,
+        infer_workers=[Handle(infer)],
+        reward_workers=workers,
+    )
+
+
+def step(scheduler, share, group_size=N):
+    return asyncio.run(scheduler.get_batch(share, group_size, ARGS))
+
+
+async def released_together(scheduler, infer, share, in_flight):
+    """A step whose first `in_flight` requests are held until all are out, then answer in one loop turn."""
+    infer.gate.clear()
+    task = asyncio.ensure_future(scheduler.get_batch(share, N, ARGS))
+    while len(infer.requests) < in_flight:
+        await asyncio.sleep(0)
+    infer.gate.set()
+    return await task
+
+
+def ids(batch):
+    return [int(i[1:]) for i in batch.meta["id"][::N]]
+
+
+# ---------------------------------------------------------------------------------------------- the step
+
+
+def test_filters_counts_and_the_batch_one_prompt_at_a_time():
+    patterns = ["same1", "same0", "half", "low", "cut"] * 4
+    cfg = config(
+        ["dynamic_sampling.max_running_requests=1"],
+        group_filters="{std_filter: {}, mean_filter: {low: 0.3, high: 1.0}}",
+        response_filters="{truncated: {}}",
+    )
+    infer = Infer()
+    s = make(cfg, rows_of(patterns), infer)
+    batch, m = step(s, 5)
+    order = draw_order(cfg, len(patterns), 40)
+    kept, dropped = [], {"std_filter": 0, "mean_filter": 0}
+    for i in order:
+        p = patterns[i]
+        if p in ("same1", "same0"):
+            dropped["std_filter"] += 1
+        elif p == "low":
+            dropped["mean_filter"] += 1
+        else:
+            kept.append(i)
+        if len(kept) == 5:
+            break
+    resolved = len(kept) + sum(dropped.values())
+    assert ids(batch) == kept
+    assert m["scheduler/math/groups_kept"] == 5
+    assert m["scheduler/math/dropped_std_filter"] == dropped["std_filter"]
+    assert m["scheduler/math/dropped_mean_filter"] == dropped["mean_filter"]
+    assert m["scheduler/math/dropped_response_filters"] == 0
+    assert m["scheduler/math/groups_dropped"] == sum(dropped.values())
+    extra = m["scheduler/math/aborted"] + m["scheduler/math/surplus"]
+    assert m["scheduler/math/prompts_drawn"] == resolved + extra and extra <= 1
+    assert m["scheduler/math/redraws"] == m["scheduler/math/prompts_drawn"] - 5
+    assert m["scheduler/math/peak_in_flight"] == 1 and m["scheduler/math/bound_hit"] == 0
+    assert batch["scores"].tolist() == [float(a == "1") for i in kept for a in PATTERNS[patterns[i]]]
+    mask = [0.0 if patterns[i] == "cut" and j < 2 else 1.0 for i in kept for j in range(N)]
+    assert batch["sample_mask"].tolist() == mask
+    assert m["scheduler/math/responses_masked_by_filters"] == mask.count(0.0)
+    # The truncated filter read each response's finish reason; its length is the mask's (1 or 2 EOS here).
+    assert batch.meta["finish_reason"][: 2 * N] == [
+        "length" if patterns[i] == "cut" and j < 2 else "stop" for i in kept[:2] for j in range(N)
+    ]
+    # The groups each draw produced, scored once per distinct response, every score over the step's groups.
+    scored = [PATTERNS[patterns[i]] for i in order[: int(m["scheduler/math/prompts_drawn"] - extra)]]
+    flat = [float(a == "1") for answers in scored for a in answers]
+    assert m["reward/math/count"] == len(flat)
+    assert m["scheduler/math/reward_mean"] == pytest.approx(sum(flat) / len(flat))
+    assert m["reward/math/len"] == 1.0  # the scorer's own metric, averaged
+
+
+def test_no_filters_draw_exactly_the_share():
+    s = make(config(), rows_of(["same1", "half"] * 5), Infer())
+    batch, m = step(s, 6)
+    assert len(batch) == 6 * N and m["scheduler/math/prompts_drawn"] == 6
+    assert m["scheduler/math/groups_dropped"] == 0 and m["scheduler/math/redraws"] == 0
+    assert m["scheduler/math/surplus"] == 0 and m["scheduler/math/aborted"] == 0
+    assert m["scheduler/math/bound"] == 6 * 2  # max_prompts_factor 2 of math_code.yaml
+    assert s.state_dict()["pass_rate"] == 1.0  # (6 + 1) / (6 + 1)
+
+
+def test_the_in_flight_cap_and_the_expected_pass_rate_size_the_draws():
+    """max_running_requests caps the prompts generating at once; the pass-rate estimate says how many more than the
+    share to draw at first: 0.5 for a share of 2 draws 4, 0.34 and 0.2 up to the cap (what is drawn after the first
+    groups land depends on the estimate they update)."""
+    cfg = config(["dynamic_sampling.max_running_requests=5", "dynamic_sampling.max_prompts_factor=8"])
+    for rate, drawn in ((1.0, 2), (0.5, 4), (0.34, 5), (0.2, 5)):
+        infer = Infer()
+        s = make(cfg, rows_of(["half"] * 20), infer)
+        s.load_state_dict({**s.state_dict(), "pass_rate": rate})
+        _, m = asyncio.run(released_together(s, infer, 2, drawn))
+        assert m["scheduler/math/peak_in_flight"] == drawn, rate
+        assert [r[0] for r in infer.requests[:drawn]] == [f"math/0/{k}" for k in range(drawn)]
+        assert m["scheduler/math/prompts_drawn"] == drawn or rate < 0.5, rate
+
+
+def test_groups_that_land_together_past_the_share_are_surplus():
+    """Six prompts answered in one turn for a share of 2: the two earliest drawn passing groups are the batch; the
+    passing and dropped groups drawn after the last of them are surplus, and only drops before it count."""
+    patterns = ["half", "same1", "half", "same0", "half", "same1"] * 3
+    cfg = config(["dynamic_sampling.max_running_requests=6", "dynamic_sampling.max_prompts_factor=3"],
+                 group_filters="{std_filter: {}}")  # a bound of 6: nothing drawn after the first six
+    infer = Infer()
+    s = make(cfg, rows_of(patterns), infer)
+    s.load_state_dict({**s.state_dict(), "pass_rate": 0.2})
+    batch, m = asyncio.run(released_together(s, infer, 2, 6))
+    order = draw_order(cfg, len(patterns), 6)
+    passing = [i for i in order if patterns[i] == "half"]
+    last = order.index(passing[1])
+    assert ids(batch) == passing[:2]
+    assert m["scheduler/math/groups_kept"] == 2 and m["scheduler/math/prompts_drawn"] == 6
+    assert m["scheduler/math/groups_dropped"] == sum(patterns[i] != "half" for i in order[:last])
+    assert m["scheduler/math/surplus"] == 6 - 1 - last
+    assert m["scheduler/math/aborted"] == 0
+    assert infer.aborted == []
+    assert m["reward/math/count"] == 6 * N  # every group scored counts in the reward metrics, surplus too
+
+
+def test_requests_in_flight_when_the_share_fills_are_aborted():
+    cfg = config(["dynamic_sampling.max_running_requests=6", "dynamic_sampling.max_prompts_factor=3"],
+                 group_filters="{std_filter: {}}")
+    infer = Infer(hold_from=2)
+    s = make(cfg, rows_of(["half"] * 20), infer)
+    s.load_state_dict({**s.state_dict(), "pass_rate": 0.2})
+    batch, m = step(s, 2)
+    assert [r[0] for r in infer.requests] == [f"math/0/{k}" for k in range(6)]
+    assert sorted(infer.aborted) == [f"math/0/{k}" for k in range(2, 6)]
+    assert m["scheduler/math/aborted"] == 4 and m["scheduler/math/surplus"] == 0
+    assert m["scheduler/math/peak_in_flight"] == 6
+    assert len(batch) == 2 * N and batch["sample_mask"].sum() == 2 * N
+    # The next step's requests are its own (call 1) and nothing of the aborted ones reaches it.
+    infer.hold_from = None
+    batch2, m2 = step(s, 2)
+    assert m2["scheduler/math/groups_kept"] == 2 and len(batch2) == 2 * N
+    assert all(r[0].startswith("math/1/") for r in infer.requests[6:])
+
+
+def test_a_request_aborted_by_someone_else_fails_the_step():
+    class Aborted(Infer):
+        async def generate_request(self, request_id, *args, **kwargs):
+            return None
+
+    s = make(config(), rows_of(["half"] * 4), Aborted())
+    with pytest.raises(RuntimeError, match="generation request math/0/0 was aborted by someone else"):
+        step(s, 1)
+
+
+def test_waves_go_out_as_requests_of_one_batch_each():
+    patterns = ["same1", "half", "same0", "low", "half", "same0"] * 3
+    cfg = config(["dynamic_sampling.request_mode=wave", "dynamic_sampling.max_running_requests=6",
+                  "actor_infer.infer_batch_size=8"])
+    infer = Infer()
+    s = make(cfg, rows_of(patterns), infer)
+    batch, m = step(s, 6)
+    assert [(r[0], r[1]) for r in infer.requests] == [("math/0/0", 2), ("math/0/2", 2), ("math/0/4", 2)]
+    order = draw_order(cfg, len(patterns), 6)
+    assert ids(batch) == order
+    assert batch["scores"].tolist() == [float(a == "1") for i in order for a in PATTERNS[patterns[i]]]
+    # A batch smaller than a group still sends one prompt a request; deterministic runs always do.
+    for overrides in (["actor_infer.infer_batch_size=3"], ["deterministic=true"]):
+        infer = Infer()
+        step(make(config([*cfg_overrides_wave(), *overrides]), rows_of(patterns), infer), 6)
+        assert [r[1] for r in infer.requests] == [1] * 6, overrides
+
+
+def cfg_overrides_wave():
+    return ["dynamic_sampling.request_mode=wave", "dynamic_sampling.max_running_requests=6",
+            "actor_infer.infer_batch_size=8"]
+
+
+def test_auto_request_mode_batches_on_hf_and_not_on_vllm():
+    s = make(config(["dynamic_sampling.request_mode=auto"]), rows_of(["half"] * 4), Infer())
+    assert s.wave_requests is True
+    s = make(config(["dynamic_sampling.request_mode=prompt"]), rows_of(["half"] * 4), Infer())
+    assert s.wave_requests is False
+
+
+# ---------------------------------------------------------------------------------------------- the bound
+
+
+def test_the_bound_trains_on_what_passed_and_masks_the_filler(caplog):
+    cfg = config(["dynamic_sampling.max_prompts_factor=4", "rewards.math.max_prompts_factor=2.5"],
+                 group_filters="{std_filter: {}}")
+    patterns = ["same1"] * 9 + ["half"]
+    s = make(cfg, rows_of(patterns), Infer())
+    with caplog.at_level(logging.WARNING, logger="schedulers.dynamic_sampling"):
+        batch, m = step(s, 4)
+    assert m["scheduler/math/bound"] == 10 and m["scheduler/math/prompts_drawn"] == 10
+    assert m["scheduler/math/bound_hit"] == 1 and m["scheduler/math/redraws"] == 6
+    assert m["scheduler/math/groups_kept"] == 1 and m["scheduler/math/dropped_std_filter"] == 9
+    assert len(batch) == 4 * N
+    assert batch["sample_mask"].tolist() == [1.0] * N + [0.0] * (3 * N)
+    assert ids(batch)[0] == 9
+    # The filler: the earliest drawn dropped groups, scores kept (masked out of the loss, not zeroed).
+    order = [i for i in draw_order(cfg, 10, 10) if i != 9]
+    assert ids(batch)[1:] == order[:3] and batch["scores"][N:].tolist() == [1.0] * (3 * N)
+    assert [r.getMessage() for r in caplog.records if "bound hit" in r.getMessage()] == [
+        "domain 'math': only 1 of 4 groups passed the filters ['std_filter'] after drawing 10 prompts (the bound: "
+        "max_prompts_factor 2.5, from rewards.math.max_prompts_factor or dynamic_sampling.max_prompts_factor); "
+        "training on the groups that passed, the rest masked out (bound hit 1 time(s) so far; see "
+        "scheduler/math/bound_hit)"
+    ]
+    assert s.state_dict()["bound_hits"] == 1
+    assert s.state_dict()["pass_rate"] == pytest.approx(2 / 11)
+
+
+def test_the_bound_warning_is_logged_on_the_first_hit_and_every_fiftieth(caplog):
+    cfg = config(["dynamic_sampling.max_prompts_factor=1"], group_filters="{std_filter: {}}")
+    s = make(cfg, rows_of(["same0"] * 3), Infer())
+    with caplog.at_level(logging.WARNING, logger="schedulers.dynamic_sampling"):
+        for _ in range(100):
+            _, m = step(s, 1)
+            assert m["scheduler/math/bound_hit"] == 1
+    hits = [r.getMessage() for r in caplog.records if "bound hit" in r.getMessage()]
+    assert [h.split("bound hit ")[1].split(" ")[0] for h in hits] == ["1", "50", "100"]
+    assert s.state_dict()["pass_rate"] == 0.5  # (0 kept + 1) / (1 resolved + 1): the estimate is the step's
+
+
+def test_the_pass_rate_estimate_has_a_floor():
+    cfg = config(["dynamic_sampling.max_prompts_factor=25"], group_filters="{std_filter: {}}")
+    s = make(cfg, rows_of(["same0"] * 30), Infer())
+    _, m = step(s, 1)
+    assert m["scheduler/math/prompts_drawn"] == 25
+    assert s.state_dict()["pass_rate"] == 0.05  # 1 / 26 is below the floor
+
+
+def test_the_bound_can_stop_the_run():
+    cfg = config(["dynamic_sampling.max_prompts_factor=2", "dynamic_sampling.on_bound=error"],
+                 group_filters="{std_filter: {}}")
+    s = make(cfg, rows_of(["same0"] * 6), Infer())
+    with pytest.raises(SamplingBoundError, match=r"domain 'math': only 0 of 3 groups passed .* drawing 6 prompts"):
+        step(s, 3)
+
+
+# ---------------------------------------------------------------------------------------------- determinism
+
+
+def test_deterministic_rounds_resolve_every_draw_in_order_with_seeded_requests():
+    """Deterministic mode draws a round, waits for all of it (nothing aborted), keeps the first passing groups in
+    draw order and seeds each request from (seed, domain, call, draw)."""
+    patterns = ["same1", "half", "same0", "half", "low", "half"] * 4
+    cfg = config(["deterministic=true", "dynamic_sampling.max_running_requests=8"],
+                 group_filters="{std_filter: {}, mean_filter: {low: 0.3, high: 1.0}}")
+    infer = Infer()
+    s = make(cfg, rows_of(patterns), infer)
+    batch, m = step(s, 3)
+    order = draw_order(cfg, len(patterns), 24)
+    drawn = int(m["scheduler/math/prompts_drawn"])
+    passing = [i for i in order[:drawn] if patterns[i] == "half"]
+    assert ids(batch) == passing[:3]
+    assert infer.aborted == [] and m["scheduler/math/aborted"] == 0
+    assert m["scheduler/math/groups_kept"] + m["scheduler/math/groups_dropped"] + m["scheduler/math/surplus"] == drawn
+    assert [r[2] for r in infer.requests] == [request_seed(cfg.seed, "math", 0, k) for k in range(drawn)]
+    # The first round is the share (pass rate 1), the next ones sized by the estimate at their start.
+    assert [r[0] for r in infer.requests][:3] == ["math/0/0", "math/0/1", "math/0/2"]
+    assert len(passing) >= 3
+
+
+def test_non_deterministic_requests_carry_no_seed_and_the_current_weights_version():
+    infer = Infer()
+    s = make(config(), rows_of(["half"] * 4), infer)
+    s.set_weights(7, ["ref"])
+    step(s, 2)
+    assert [r[2:] for r in infer.requests] == [(None, 7), (None, 7)]
+
+
+def test_request_seeds_are_a_fixed_hash_of_their_parts():
+    digest = hashlib.blake2b(b"42/math/3/val16", digest_size=8).digest()
+    assert request_seed(42, "math", 3, "val16") == int.from_bytes(digest, "little") & (2**63 - 1)
+    assert request_seed(1, "code", 0, 5) == 6711401011419582302  # the same on every machine and every release
+    seeds = {request_seed(s, d, c, k) for s in (1, 2) for d in ("math", "code") for c in (0, 1) for k in (0, 1)}
+    assert len(seeds) == 16 and all(0 <= x < 2**63 for x in seeds)
+    assert max(seeds) >= 2**62  # 63 bits used, not fewer
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+
+def test_a_restarting_infer_worker_gets_the_weights_and_the_request_again():
+    infer = Infer(unavailable=2)
+    s = make(config(), rows_of(["half"] * 4), infer)
+    s.set_weights(3, ["weights-3"])
+    batch, m = step(s, 1)
+    assert len(batch) == N and m["scheduler/math/infer_retries"] == 1  # one request lost, counted once
+    assert infer.weights == [("weights-3", 3), ("weights-3", 3)]
+    assert [r[0] for r in infer.requests] == ["math/0/0"] * 3
+    # Before any weights were sent, a restarted worker already has the starting ones: no sync.
+    infer = Infer(unavailable=1)
+    s = make(config(), rows_of(["half"] * 4), infer)
+    step(s, 1)
+    assert infer.weights == []
+
+
+def test_an_infer_worker_that_stays_away_past_the_wait_fails_the_step():
+    infer = Infer(unavailable=100)
+    s = make(config(), rows_of(["half"] * 4), infer)
+    s.RESTART_WAIT_S = 0.15
+    with pytest.raises(ActorUnavailableError):
+        step(s, 1)
+    assert 2 <= len(infer.requests) <= 4  # retried (0.1 s, 0.2 s backoff) until the wait ran out
+
+
+def test_a_dead_reward_worker_passes_the_batch_on_and_all_dead_masks_it():
+    cfg = config()
+    first, second = Reward(lost=True), Reward()
+    s = make(cfg, rows_of(["half"] * 4), Infer(), [first, second])
+    batch, m = step(s, 1)
+    assert m["scheduler/math/reward_worker_failures"] == 1
+    assert batch["scores"].tolist() == [1.0, 0.0, 1.0, 0.0] and first.calls == 1
+    dead = [Reward(lost=True), Reward(lost=True)]
+    s = make(cfg, rows_of(["half"] * 4), Infer(), dead)
+    batch, m = step(s, 1)
+    assert [r.calls for r in dead] == [1, 1] and m["scheduler/math/reward_worker_failures"] == 2
+    assert batch.meta["mask_reason"] == ["worker_lost"] * N
+    assert batch["scores"].tolist() == [0.0] * N and batch["sample_mask"].tolist() == [0.0] * N
+    assert m["reward/math/masked_worker_lost"] == N and "scheduler/math/reward_mean" not in m
+
+
+def test_reward_workers_take_batches_in_turn():
+    rewards = [Reward(), Reward()]
+    s = make(config(["dynamic_sampling.max_running_requests=1"]), rows_of(["half"] * 8), Infer(), rewards)
+    step(s, 4)
+    assert [r.calls for r in rewards] == [2, 2]
+
+
+def test_several_rewards_are_combined_and_reported_each():
+    cfg = config([
+        "rewards.math.worker=null",
+        "rewards.math.workers=[{worker: math_rule, weight: 1.0}, {worker: math_rule, name: second, weight: 0.5}]",
+    ])
+    a, b = Reward(), Reward(masked="0")
+    s = make(cfg, rows_of(["half"] * 4), Infer(), {"math_rule": [a], "second": [b]})
+    batch, m = step(s, 1)
+    assert a.calls == 1 and b.calls == 1
+    assert m["reward/math/math_rule/count"] == N and m["reward/math/second/masked_error"] == 2
+    assert m["reward/math/second/score"] == 1.0 and m["reward/math/math_rule/score"] == 0.5
+    assert m["reward/math/count"] == N
+    with pytest.raises(ValueError, match=r"reward workers for \['math_rule'\], but its rewards are"):
+        make(cfg, rows_of(["half"] * 4), Infer(), {"math_rule": [a]})
+
+
+def test_identical_responses_to_a_prompt_are_scored_once():
+    reward = Reward()
+    s = make(config(), rows_of(["same1", "half"] * 4), Infer(), [reward])
+    batch, m = step(s, 8)
+    assert m["scheduler/math/scored_unique_frac"] == 12 / 32 and len(reward.samples) == 12
+    patterns = [PATTERNS[["same1", "half"][i % 2]] for i in ids(batch)]
+    assert batch["scores"].tolist() == [float(a == "1") for answers in patterns for a in answers]
+    # The samples carry the row and the prompt's messages (the reward contract).
+    assert reward.samples[0]["prompt_messages"][-1]["role"] == "user" and "ground_truth" in reward.samples[0]
+
+
+# ---------------------------------------------------------------------------------------------- the batch
+
+
+def test_the_batch_carries_the_generators_log_probs_and_the_rows_meta():
+    rows = rows_of(["half"] * 2)
+    rows[0]["tag"], rows[1]["tag"] = "arith", "add"
+    s = make(config(), rows, Infer(log_probs=True), [Reward(masked="0")])
+    batch, m = step(s, 2)
+    assert "infer_log_probs" in batch.tensors
+    assert batch["infer_log_probs"][:, 0].tolist() == [-1.0, -2.0, -3.0, -4.0] * 2
+    first = ids(batch)[0]
+    assert batch.meta["tag"] == [rows[first]["tag"]] * N + [rows[1 - first]["tag"]] * N
+    assert batch.meta["ground_truth"] == ["1"] * (2 * N) and batch.meta["domain"] == ["math"] * (2 * N)
+    assert batch.meta["response_text"][:2] == ["1", "0"] and batch.meta["correct"][:2] == [True, None]
+    assert batch["scores"].tolist()[:2] == [1.0, 0.0] and batch["sample_mask"].tolist()[:2] == [1.0, 0.0]
+    assert batch["prompt_ids"][0].tolist() == s.prompt_ids[first] and batch["prompt_mask"].min() == 1
+    assert batch["response_mask"].sum(-1).tolist()[:2] == [2.0, 3.0]
+    assert "infer_log_probs" not in step(make(config(), rows, Infer()), 1)[0].tensors
+
+
+def test_prompt_rows_picks_one_prompts_group():
+    out = {"a": torch.arange(6), "b": ["x", "y", "z", "u", "v", "w"]}
+    part = prompt_rows(out, 1, 2)
+    assert part["a"].tolist() == [2, 3] and part["b"] == ["z", "u"]
+    assert prompt_rows(out, 2, 2)["b"] == ["v", "w"] and prompt_rows(out, 0, 3)["a"].tolist() == [0, 1, 2]
+
+
+def test_seconds_are_summed_over_the_scored_groups(monkeypatch):
+    """generate_s and reward_s add up every scored group's time; wall_s is the step's; the ledger's saving is
+    skipped prompts times seconds per drawn prompt. A clock that ticks 1 s per reading makes them countable."""
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(ds, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks)),
+                                                     monotonic=__import__("time").monotonic))
+    s = make(config(["dynamic_sampling.max_running_requests=1"]), rows_of(["half"] * 4), Infer())
+    _, m = step(s, 2)
+    # readings: start 0, request 0 sent 1, group 0 decoded 2 and scored 3, request 1 sent 4, ... end
+    assert m["scheduler/math/generate_s"] > 0 and m["scheduler/math/reward_s"] == 2.0
+    assert m["scheduler/math/wall_s"] == 7.0
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+def test_validation_is_every_prompt_unfiltered_in_requests_of_sixteen():
+    cfg = config(group_filters="{std_filter: {}}")
+    val = rows_of(["same1", "same0", "half"] * 7)
+    infer = Infer()
+    s = make(cfg, rows_of(["half"] * 3), infer, val_rows=val)
+    batch = asyncio.run(s.validate(GeneratingArgs(do_sample=False, max_new_tokens=4), 0))
+    assert batch.meta["id"] == [r["id"] for r in val]
+    assert batch["scores"].tolist() == [float(PATTERNS[p][0] == "1") for p in ["same1", "same0", "half"] * 7]
+    assert [(r[0], r[1], r[2]) for r in infer.requests] == [("math/val0/0", 16, None), ("math/val0/16", 5, None)]
+    assert batch["sample_mask"].tolist() == [1.0] * len(val)
+
+
+def test_validation_with_k_samples_groups_them_and_a_cap_takes_the_first_prompts():
+    cfg = config(["deterministic=true"])
+    val = rows_of(["half", "low", "same0"] * 3)
+    infer = Infer()
+    s = make(cfg, rows_of(["half"] * 3), infer, val_rows=val)
+    step(s, 1)  # call 0
+    batch = asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 5, N))
+    assert batch.meta["id"] == [r["id"] for r in val[:5] for _ in range(N)]
+    patterns = ["half", "low", "same0"] * 3
+    assert batch["scores"].tolist() == [float(a == "1") for p in patterns[:5] for a in PATTERNS[p]]
+    assert [r[:3] for r in infer.requests[1:]] == [
+        ("math/val1/0", 4, request_seed(cfg.seed, "math", 1, "val0")),
+        ("math/val1/4", 1, request_seed(cfg.seed, "math", 1, "val4")),
+    ]
+    assert len(asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 100, 1))) == len(val)
+    # more samples a prompt than a request holds prompts: still one prompt a request
+    infer.requests.clear()
+    s.VAL_PROMPTS_PER_REQUEST = 3
+    asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 2, N))
+    assert [r[1] for r in infer.requests] == [1, 1]
+
+
+# ---------------------------------------------------------------------------------------------- state
+
+
+def test_state_round_trips_and_refuses_another_domain():
+    cfg = config(["dynamic_sampling.ledger.enabled=true"])
+    s = make(cfg, rows_of(["same1", "half"] * 4), Infer())
+    step(s, 3)
+    state = s.state_dict()
+    assert state["calls"] == 1 and state["sampler"]["position"] == 3 and state["ledger"] is not None
+    other = make(cfg, rows_of(["same1", "half"] * 4), Infer())
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+    assert other.ledger.state_dict() == s.ledger.state_dict()
+    plain = make(config(), rows_of(["same1", "half"] * 4), Infer())
+    plain.load_state_dict(state)  # a ledger state without a ledger is ignored
+    assert plain.state_dict()["ledger"] is None and plain.state_dict()["calls"] == 1
+    with pytest.raises(ValueError, match="scheduler state of domain 'code' given to domain 'math'"):
+        s.load_state_dict({**state, "domain": "code"})
+
+
+def test_the_ledger_skips_uniform_rows_and_reports_them():
+    cfg = config(["dynamic_sampling.ledger.enabled=true", "dynamic_sampling.ledger.streak=1",
+                  "dynamic_sampling.ledger.retest_prob=1e-9"])
+    patterns = ["same1", "half", "half", "half"]
+    s = make(cfg, rows_of(patterns), Infer())
+    _, m1 = step(s, 4)  # the first epoch: every row drawn once, the same1 row now uniform
+    assert m1["scheduler/math/skipped_by_ledger"] == 0 and m1["scheduler/math/ledger_uniform_rows"] == 1
+    assert m1["scheduler/math/ledger_s_saved_est"] == 0
+    _, m2 = step(s, 4)  # past the second epoch: the same1 row comes up at least once, and is passed over
+    skipped, kept = 0, 0
+    for i in draw_order(cfg, 4, 20)[4:]:
+        if patterns[i] == "same1":
+            skipped += 1
+            continue
+        kept += 1
+        if kept == 4:
+            break
+    assert m2["scheduler/math/skipped_by_ledger"] == skipped >= 1 and m2["scheduler/math/prompts_drawn"] == 4
+    assert m2["scheduler/math/ledger_s_saved_est"] == pytest.approx(skipped * m2["scheduler/math/wall_s"] / 4)
+    assert s.ledger.streaks == {patterns.index("same1"): 1}
+    # Every row uniform: they are drawn anyway rather than skipped forever.
+    s = make(cfg, rows_of(["same1"] * 3), Infer())
+    step(s, 3)
+    _, m = step(s, 3)
+    assert m["scheduler/math/prompts_drawn"] == 3 and m["scheduler/math/skipped_by_ledger"] == 3
+
+
+def test_prompt_sampler_refuses_no_rows_and_another_datas_state():
+    with pytest.raises(ValueError, match="a domain with no rows cannot be sampled"):
+        PromptSampler(0, seed=1)
+    s = PromptSampler(5, seed=3)
+    s.take(7)
+    again = PromptSampler(5, seed=3)
+    again.load_state_dict(s.state_dict())
+    assert again.take(6) == s.take(6)
+    for other in ({"seed": 4}, {"size": 6}):
+        with pytest.raises(ValueError, match="sampler state is for seed .* the data or the seed changed"):
+            PromptSampler(5, seed=3).load_state_dict({**s.state_dict(), **other})
+    assert math.isclose(len(set(PromptSampler(100, seed=1).take(100))), 100)
