@@ -20,6 +20,8 @@ import torch
 from ray.exceptions import ActorUnavailableError, RayActorError
 from transformers import AutoTokenizer
 
+from workers.actor_infer import StaleWeightsError
+
 import schedulers.dynamic_sampling as ds
 from roll_pipeline.config import GeneratingArgs
 from roll_pipeline.data.loading import encode_prompts
@@ -61,10 +63,16 @@ class Infer:
     `gate` while it is closed (the test opens it); request k >= `hold_from` answers only when aborted; the first
     `unavailable` calls raise ActorUnavailableError (a worker Ray is restarting)."""
 
-    def __init__(self, hold_from: int | None = None, unavailable: int = 0, log_probs: bool = False) -> None:
+    def __init__(self, hold_from: int | None = None, unavailable: int = 0, log_probs: bool = False,
+                 stale: int = 0, hold_each: bool = False) -> None:
         self.gate = asyncio.Event()
         self.gate.set()
         self.hold_from, self.unavailable, self.log_probs = hold_from, unavailable, log_probs
+        self.stale = stale
+        """The first `stale` calls raise StaleWeightsError (a worker back from a restart with its first weights)."""
+        self.hold_each = hold_each
+        """Each request waits until the test calls `release(k)` for it."""
+        self.released: dict[int, asyncio.Event] = {}
         self.requests: list[tuple[str, int, int | None, int | None]] = []
         """(request id, prompts, seed, weights version) per call."""
         self.aborted: list[str] = []
@@ -75,8 +83,13 @@ class Infer:
         if self.unavailable:
             self.unavailable -= 1
             raise ActorUnavailableError("restarting", None)
+        if self.stale:
+            self.stale -= 1
+            raise StaleWeightsError("restarted with its first weights")
         await self.gate.wait()
         k = int(request_id.rsplit("/", 1)[1])
+        if self.hold_each:
+            await self.released.setdefault(k, asyncio.Event()).wait()
         if self.hold_from is not None and k >= self.hold_from:
             await asyncio.Event().wait()  # until the scheduler cancels it
         rows, finish = [], []
@@ -94,6 +107,10 @@ class Infer:
         if self.log_probs:
             out["infer_log_probs"] = -out["response_mask"] * torch.arange(1, len(rows) + 1)[:, None]
         return out
+
+    def release(self, *ks):
+        for k in ks:
+            self.released.setdefault(k, asyncio.Event()).set()
 
     def abort(self, request_ids):
         self.aborted.extend(request_ids)
@@ -157,6 +174,33 @@ async def released_together(scheduler, infer, share, in_flight):
         await asyncio.sleep(0)
     infer.gate.set()
     return await task
+
+
+async def settle():
+    """Let every task on the loop run until it waits on something the test controls."""
+    for _ in range(200):
+        await asyncio.sleep(0)
+
+
+class FakeTime:
+    """The scheduler's clock and sleep (the module's `time` and `asyncio.sleep`): sleeping moves the clock, and
+    every sleep is recorded; the loop itself keeps its real clock."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.now, self.slept = 0.0, []
+        real = asyncio
+
+        class Asyncio:
+            def __getattr__(_, name):
+                return getattr(real, name)
+
+            async def sleep(_, seconds):
+                self.slept.append(seconds)
+                self.now += seconds
+                await real.sleep(0)
+
+        monkeypatch.setattr(ds, "asyncio", Asyncio())
+        monkeypatch.setattr(ds, "time", SimpleNamespace(perf_counter=lambda: self.now, monotonic=lambda: self.now))
 
 
 def ids(batch):
@@ -230,7 +274,7 @@ def test_the_in_flight_cap_and_the_expected_pass_rate_size_the_draws():
     share to draw at first: 0.5 for a share of 2 draws 4, 0.34 and 0.2 up to the cap (what is drawn after the first
     groups land depends on the estimate they update)."""
     cfg = config(["dynamic_sampling.max_running_requests=5", "dynamic_sampling.max_prompts_factor=8"])
-    for rate, drawn in ((1.0, 2), (0.5, 4), (0.34, 5), (0.2, 5)):
+    for rate, drawn in ((1.0, 2), (0.75, 3), (0.5, 4), (0.34, 5), (0.2, 5)):
         infer = Infer()
         s = make(cfg, rows_of(["half"] * 20), infer)
         s.load_state_dict({**s.state_dict(), "pass_rate": rate})
@@ -238,6 +282,40 @@ def test_the_in_flight_cap_and_the_expected_pass_rate_size_the_draws():
         assert m["scheduler/math/peak_in_flight"] == drawn, rate
         assert [r[0] for r in infer.requests[:drawn]] == [f"math/0/{k}" for k in range(drawn)]
         assert m["scheduler/math/prompts_drawn"] == drawn or rate < 0.5, rate
+
+
+def test_each_resolved_group_tops_up_the_prompts_in_flight_as_the_estimate_says():
+    """Request by request: with a cap of 3 and a share of 2, each group that lands updates the pass-rate estimate,
+    and the scheduler draws while (in flight + new) < 3 and kept + rate * (in flight + new + scoring) < 2."""
+    patterns = ["same1"] * 30  # every group dropped by std_filter until the test lets "half" rows in
+    cfg = config(["dynamic_sampling.max_running_requests=3", "dynamic_sampling.max_prompts_factor=10"],
+                 group_filters="{std_filter: {}}")
+    rows = rows_of(patterns)
+    infer = Infer(hold_each=True)
+    s = make(cfg, rows, infer)
+    s.load_state_dict({**s.state_dict(), "pass_rate": 0.25})
+
+    async def run():
+        task = asyncio.ensure_future(s.get_batch(2, N, ARGS))
+        await settle()
+        sent = [len(infer.requests)]  # 0.25 * (0 + 2) < 2 draws a third, and the cap stops there
+        # 0 generated: its slot is free at once (0.25 * (2 + 0 + 1 scoring) < 2: a 4th); then it is dropped and the
+        # estimate becomes (0 + 1) / (1 + 1) = 0.5, with 3 in flight again.
+        infer.release(0)
+        await settle()
+        sent.append(len(infer.requests))
+        # 1 and 2 generated: 1 in flight, 2 scoring, 0.5 * (1 + 0 + 2) < 2 draws a 5th, 0.5 * (1 + 1 + 2) does not;
+        # both dropped: the estimate 1 / 4, 0.25 * (2 + 0) < 2 and the cap leave room for a 6th only.
+        infer.release(1, 2)
+        await settle()
+        sent.append(len(infer.requests))
+        infer.release(*range(3, 30))
+        return sent, await task
+
+    sent, (batch, m) = asyncio.run(run())
+    assert sent == [3, 4, 6]
+    assert m["scheduler/math/peak_in_flight"] == 3 and m["scheduler/math/prompts_drawn"] == 20  # the bound
+    assert m["scheduler/math/bound_hit"] == 1 and len(batch) == 2 * N
 
 
 def test_groups_that_land_together_past_the_share_are_surplus():
@@ -405,9 +483,10 @@ def test_deterministic_rounds_resolve_every_draw_in_order_with_seeded_requests()
 def test_non_deterministic_requests_carry_no_seed_and_the_current_weights_version():
     infer = Infer()
     s = make(config(), rows_of(["half"] * 4), infer)
+    step(s, 1)
     s.set_weights(7, ["ref"])
     step(s, 2)
-    assert [r[2:] for r in infer.requests] == [(None, 7), (None, 7)]
+    assert [r[2:] for r in infer.requests] == [(None, 0), (None, 7), (None, 7)]  # the starting weights: 0
 
 
 def test_request_seeds_are_a_fixed_hash_of_their_parts():
@@ -422,14 +501,15 @@ def test_request_seeds_are_a_fixed_hash_of_their_parts():
 # ---------------------------------------------------------------------------------------------- workers
 
 
-def test_a_restarting_infer_worker_gets_the_weights_and_the_request_again():
+def test_a_restarting_infer_worker_gets_the_weights_and_the_request_again(monkeypatch):
+    clock = FakeTime(monkeypatch)
     infer = Infer(unavailable=2)
     s = make(config(), rows_of(["half"] * 4), infer)
     s.set_weights(3, ["weights-3"])
     batch, m = step(s, 1)
     assert len(batch) == N and m["scheduler/math/infer_retries"] == 1  # one request lost, counted once
     assert infer.weights == [("weights-3", 3), ("weights-3", 3)]
-    assert [r[0] for r in infer.requests] == ["math/0/0"] * 3
+    assert [r[0] for r in infer.requests] == ["math/0/0"] * 3 and clock.slept == [0.1, 0.2]
     # Before any weights were sent, a restarted worker already has the starting ones: no sync.
     infer = Infer(unavailable=1)
     s = make(config(), rows_of(["half"] * 4), infer)
@@ -437,13 +517,26 @@ def test_a_restarting_infer_worker_gets_the_weights_and_the_request_again():
     assert infer.weights == []
 
 
-def test_an_infer_worker_that_stays_away_past_the_wait_fails_the_step():
-    infer = Infer(unavailable=100)
+def test_an_infer_worker_that_stays_away_past_the_wait_fails_the_step(monkeypatch):
+    """The retries back off 0.1 s, doubling up to 2 s, for RESTART_WAIT_S (300 s) on the scheduler's clock."""
+    clock = FakeTime(monkeypatch)
+    infer = Infer(unavailable=10_000)
     s = make(config(), rows_of(["half"] * 4), infer)
-    s.RESTART_WAIT_S = 0.15
     with pytest.raises(ActorUnavailableError):
         step(s, 1)
-    assert 2 <= len(infer.requests) <= 4  # retried (0.1 s, 0.2 s backoff) until the wait ran out
+    assert clock.slept[:6] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0] and set(clock.slept[5:]) == {2.0}
+    assert sum(clock.slept[:-1]) <= 300.0 < sum(clock.slept)  # the last try came after the wait ran out
+    assert len(infer.requests) == len(clock.slept) + 1
+
+
+def test_a_worker_back_with_its_first_weights_gets_the_current_ones(monkeypatch):
+    clock = FakeTime(monkeypatch)
+    infer = Infer(stale=1)
+    s = make(config(), rows_of(["half"] * 4), infer)
+    s.set_weights(2, ["weights-2"])
+    batch, m = step(s, 1)
+    assert infer.weights == [("weights-2", 2)] and clock.slept == [0.1]
+    assert m["scheduler/math/infer_retries"] == 1 and len(batch) == N
 
 
 def test_a_dead_reward_worker_passes_the_batch_on_and_all_dead_masks_it():
@@ -566,6 +659,7 @@ def test_validation_with_k_samples_groups_them_and_a_cap_takes_the_first_prompts
         ("math/val1/4", 1, request_seed(cfg.seed, "math", 1, "val4")),
     ]
     assert len(asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 100, 1))) == len(val)
+    assert len(asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4)))) == len(val)  # by default, all of them
     # more samples a prompt than a request holds prompts: still one prompt a request
     infer.requests.clear()
     s.VAL_PROMPTS_PER_REQUEST = 3
