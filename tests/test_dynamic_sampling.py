@@ -152,6 +152,22 @@ def draw_order(cfg, n_rows, k):
 ARGS = GeneratingArgs(max_new_tokens=4)
 
 
+def filtered_in_order(patterns, order, share):
+    """What std_filter and mean_filter(low=0.3) do to PATTERNS' rows taken in `order` until `share` pass: the rows
+    kept, and the count each filter dropped."""
+    kept, dropped = [], {"std_filter": 0, "mean_filter": 0}
+    for i in order:
+        if patterns[i] in ("same1", "same0"):
+            dropped["std_filter"] += 1
+        elif patterns[i] == "low":
+            dropped["mean_filter"] += 1
+        else:
+            kept.append(i)
+        if len(kept) == share:
+            break
+    return kept, dropped
+
+
 @pytest.mark.slow
 def test_filter_counts_and_batch_composition_are_exact(local_ray):
     patterns = ["same1", "same0", "half", "low", "cut"] * 4
@@ -166,18 +182,7 @@ def test_filter_counts_and_batch_composition_are_exact(local_ray):
     batch, m = ray.get(actor.get_batch.remote(share, N, ARGS))
 
     # One prompt in flight at a time, so the scheduler resolves prompts exactly in its seeded draw order.
-    order = draw_order(cfg, len(rows), 40)
-    kept, dropped = [], {"std_filter": 0, "mean_filter": 0}
-    for i in order:
-        p = patterns[i]
-        if p in ("same1", "same0"):
-            dropped["std_filter"] += 1
-        elif p == "low":
-            dropped["mean_filter"] += 1
-        else:
-            kept.append(i)
-        if len(kept) == share:
-            break
+    kept, dropped = filtered_in_order(patterns, draw_order(cfg, len(rows), 40), share)
     resolved = len(kept) + sum(dropped.values())
     # Prompts drawn while the last group was being scored are aborted or, if they finished, surplus.
     extra = m["scheduler/math/aborted"] + m["scheduler/math/surplus"]

@@ -33,7 +33,7 @@ from schedulers.dynamic_sampling import (
     request_seed,
 )
 from tests.conftest import TINY_MODEL
-from tests.test_dynamic_sampling import PATTERNS, config, draw_order, rows_of
+from tests.test_dynamic_sampling import PATTERNS, config, draw_order, filtered_in_order, rows_of
 from workers.rewards.scored import ScoredSample
 
 N = 4
@@ -221,17 +221,7 @@ def test_filters_counts_and_the_batch_one_prompt_at_a_time():
     s = make(cfg, rows_of(patterns), infer)
     batch, m = step(s, 5)
     order = draw_order(cfg, len(patterns), 40)
-    kept, dropped = [], {"std_filter": 0, "mean_filter": 0}
-    for i in order:
-        p = patterns[i]
-        if p in ("same1", "same0"):
-            dropped["std_filter"] += 1
-        elif p == "low":
-            dropped["mean_filter"] += 1
-        else:
-            kept.append(i)
-        if len(kept) == 5:
-            break
+    kept, dropped = filtered_in_order(patterns, order, 5)
     resolved = len(kept) + sum(dropped.values())
     assert ids(batch) == kept
     assert m["scheduler/math/groups_kept"] == 5
@@ -515,6 +505,14 @@ def test_a_restarting_infer_worker_gets_the_weights_and_the_request_again(monkey
     s = make(config(), rows_of(["half"] * 4), infer)
     step(s, 1)
     assert infer.weights == []
+    # A worker that came back before the scheduler noticed says its weights are stale: the same resync, once.
+    clock.slept.clear()
+    infer = Infer(stale=1)
+    s = make(config(), rows_of(["half"] * 4), infer)
+    s.set_weights(2, ["weights-2"])
+    batch, m = step(s, 1)
+    assert infer.weights == [("weights-2", 2)] and clock.slept == [0.1]
+    assert m["scheduler/math/infer_retries"] == 1 and len(batch) == N
 
 
 def test_an_infer_worker_that_stays_away_past_the_wait_fails_the_step(monkeypatch):
@@ -527,16 +525,6 @@ def test_an_infer_worker_that_stays_away_past_the_wait_fails_the_step(monkeypatc
     assert clock.slept[:6] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0] and set(clock.slept[5:]) == {2.0}
     assert sum(clock.slept[:-1]) <= 300.0 < sum(clock.slept)  # the last try came after the wait ran out
     assert len(infer.requests) == len(clock.slept) + 1
-
-
-def test_a_worker_back_with_its_first_weights_gets_the_current_ones(monkeypatch):
-    clock = FakeTime(monkeypatch)
-    infer = Infer(stale=1)
-    s = make(config(), rows_of(["half"] * 4), infer)
-    s.set_weights(2, ["weights-2"])
-    batch, m = step(s, 1)
-    assert infer.weights == [("weights-2", 2)] and clock.slept == [0.1]
-    assert m["scheduler/math/infer_retries"] == 1 and len(batch) == N
 
 
 def test_a_dead_reward_worker_passes_the_batch_on_and_all_dead_masks_it():
