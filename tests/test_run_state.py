@@ -14,7 +14,6 @@ import random
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 import torch
 
 from roll_pipeline.algorithms.kl import AdaptiveKLController

@@ -20,8 +20,6 @@ import torch
 from ray.exceptions import ActorUnavailableError, RayActorError
 from transformers import AutoTokenizer
 
-from workers.actor_infer import StaleWeightsError
-
 import schedulers.dynamic_sampling as ds
 from roll_pipeline.config import GeneratingArgs
 from roll_pipeline.data.loading import encode_prompts
@@ -34,6 +32,7 @@ from schedulers.dynamic_sampling import (
 )
 from tests.conftest import TINY_MODEL
 from tests.test_dynamic_sampling import PATTERNS, config, draw_order, filtered_in_order, rows_of
+from workers.actor_infer import StaleWeightsError
 from workers.rewards.scored import ScoredSample
 
 N = 4
@@ -385,8 +384,18 @@ def cfg_overrides_wave():
 def test_auto_request_mode_batches_on_hf_and_not_on_vllm():
     s = make(config(["dynamic_sampling.request_mode=auto"]), rows_of(["half"] * 4), Infer())
     assert s.wave_requests is True
+    vllm = config(["dynamic_sampling.request_mode=auto", "actor_infer.strategy_args.strategy_name=vllm"])
+    assert make(vllm, rows_of(["half"] * 4), Infer()).wave_requests is False
     s = make(config(["dynamic_sampling.request_mode=prompt"]), rows_of(["half"] * 4), Infer())
     assert s.wave_requests is False
+
+
+def test_the_scheduler_takes_keywords_only():
+    cfg = config()
+    rows = rows_of(["half"] * 2)
+    ids = encode_prompts(TOK, rows, cfg.data)
+    with pytest.raises(TypeError, match="positional"):
+        DynamicSamplingScheduler("math", rows, ids, [], [], cfg, [Handle(Infer())], [Handle(Reward())])
 
 
 # ---------------------------------------------------------------------------------------------- the bound
@@ -527,11 +536,13 @@ def test_an_infer_worker_that_stays_away_past_the_wait_fails_the_step(monkeypatc
     assert len(infer.requests) == len(clock.slept) + 1
 
 
-def test_a_dead_reward_worker_passes_the_batch_on_and_all_dead_masks_it():
+def test_a_dead_reward_worker_passes_the_batch_on_and_all_dead_masks_it(caplog):
     cfg = config()
     first, second = Reward(lost=True), Reward()
     s = make(cfg, rows_of(["half"] * 4), Infer(), [first, second])
-    batch, m = step(s, 1)
+    with caplog.at_level(logging.WARNING, logger="schedulers.dynamic_sampling"):
+        batch, m = step(s, 1)
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["domain 'math': reward worker 0 failed"]
     assert m["scheduler/math/reward_worker_failures"] == 1
     assert batch["scores"].tolist() == [1.0, 0.0, 1.0, 0.0] and first.calls == 1
     dead = [Reward(lost=True), Reward(lost=True)]
@@ -550,7 +561,7 @@ def test_reward_workers_take_batches_in_turn():
     assert [r.calls for r in rewards] == [2, 2]
 
 
-def test_several_rewards_are_combined_and_reported_each():
+def test_several_rewards_are_combined_and_reported_each(caplog):
     cfg = config([
         "rewards.math.worker=null",
         "rewards.math.workers=[{worker: math_rule, weight: 1.0}, {worker: math_rule, name: second, weight: 0.5}]",
@@ -558,12 +569,20 @@ def test_several_rewards_are_combined_and_reported_each():
     a, b = Reward(), Reward(masked="0")
     s = make(cfg, rows_of(["half"] * 4), Infer(), {"math_rule": [a], "second": [b]})
     batch, m = step(s, 1)
+    lost = make(cfg, rows_of(["half"] * 4), Infer(), {"math_rule": [Reward()], "second": [Reward(lost=True)]})
+    with caplog.at_level(logging.WARNING, logger="schedulers.dynamic_sampling"):
+        step(lost, 1)
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "domain 'math/second': reward worker 0 failed",
+        "domain 'math/second': no reward worker answered; 2 sample(s) masked",  # the 2 distinct responses
+    ]
     assert a.calls == 1 and b.calls == 1
     assert m["reward/math/math_rule/count"] == N and m["reward/math/second/masked_error"] == 2
     assert m["reward/math/second/score"] == 1.0 and m["reward/math/math_rule/score"] == 0.5
     assert m["reward/math/count"] == N
-    with pytest.raises(ValueError, match=r"reward workers for \['math_rule'\], but its rewards are"):
-        make(cfg, rows_of(["half"] * 4), Infer(), {"math_rule": [a]})
+    for workers in ({"math_rule": [a]}, {"math_rule": [a], "second": [b], "third": [b]}, {"first": [a], "x": [b]}):
+        with pytest.raises(ValueError, match=r"reward workers for \[.*\], but its rewards are \['math_rule', 'second'\]"):
+            make(cfg, rows_of(["half"] * 4), Infer(), workers)
 
 
 def test_identical_responses_to_a_prompt_are_scored_once():
@@ -573,6 +592,8 @@ def test_identical_responses_to_a_prompt_are_scored_once():
     assert m["scheduler/math/scored_unique_frac"] == 12 / 32 and len(reward.samples) == 12
     patterns = [PATTERNS[["same1", "half"][i % 2]] for i in ids(batch)]
     assert batch["scores"].tolist() == [float(a == "1") for answers in patterns for a in answers]
+    _, m = step(make(config(), rows_of(["half"]), Infer()), 1, group_size=1)
+    assert m["scheduler/math/scored_unique_frac"] == 1.0  # one response, scored once
     # The samples carry the row and the prompt's messages (the reward contract).
     assert reward.samples[0]["prompt_messages"][-1]["role"] == "user" and "ground_truth" in reward.samples[0]
 
@@ -671,8 +692,9 @@ def test_state_round_trips_and_refuses_another_domain():
     plain = make(config(), rows_of(["same1", "half"] * 4), Infer())
     plain.load_state_dict(state)  # a ledger state without a ledger is ignored
     assert plain.state_dict()["ledger"] is None and plain.state_dict()["calls"] == 1
-    with pytest.raises(ValueError, match="scheduler state of domain 'code' given to domain 'math'"):
-        s.load_state_dict({**state, "domain": "code"})
+    for other in ("code", "zeta"):  # sorting before and after
+        with pytest.raises(ValueError, match=f"scheduler state of domain '{other}' given to domain 'math'"):
+            s.load_state_dict({**state, "domain": other})
 
 
 def test_the_ledger_skips_uniform_rows_and_reports_them():
