@@ -13,8 +13,10 @@ import hashlib
 import inspect
 import logging
 import math
+import zlib
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from ray.exceptions import ActorUnavailableError, RayActorError
@@ -63,7 +65,9 @@ class Infer:
     `unavailable` calls raise ActorUnavailableError (a worker Ray is restarting)."""
 
     def __init__(self, hold_from: int | None = None, unavailable: int = 0, log_probs: bool = False,
-                 stale: int = 0, hold_each: bool = False) -> None:
+                 stale: int = 0, hold_each: bool = False, clock=None, tick_s: float = 0.0) -> None:
+        self.clock, self.tick_s = clock, tick_s
+        """A FakeTime that each answer moves by `tick_s`."""
         self.gate = asyncio.Event()
         self.gate.set()
         self.hold_from, self.unavailable, self.log_probs = hold_from, unavailable, log_probs
@@ -103,6 +107,8 @@ class Infer:
             "response_mask": torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows]),
             "finish_reason": finish,
         }
+        if self.clock is not None:
+            self.clock.now += self.tick_s
         if self.log_probs:
             out["infer_log_probs"] = -out["response_mask"] * torch.arange(1, len(rows) + 1)[:, None]
         return out
@@ -123,13 +129,16 @@ class Reward:
     """A reward worker: scores like math_rule with ground truth "1"; "lost" raises RayActorError (the actor
     died) on every call; `masked` masks responses that are exactly that text."""
 
-    def __init__(self, lost: bool = False, masked: str | None = None) -> None:
+    def __init__(self, lost: bool = False, masked: str | None = None, clock=None, tick_s: float = 0.0) -> None:
         self.lost, self.masked = lost, masked
+        self.clock, self.tick_s = clock, tick_s
         self.samples: list[dict] = []
         self.calls = 0
 
     def score_batch(self, samples):
         self.calls += 1
+        if self.clock is not None:
+            self.clock.now += self.tick_s
         if self.lost:
             raise RayActorError()
         self.samples.extend(samples)
@@ -248,9 +257,11 @@ def test_filters_counts_and_the_batch_one_prompt_at_a_time():
     assert m["reward/math/len"] == 1.0  # the scorer's own metric, averaged
 
 
-def test_no_filters_draw_exactly_the_share():
+def test_no_filters_draw_exactly_the_share(caplog):
     s = make(config(), rows_of(["same1", "half"] * 5), Infer())
-    batch, m = step(s, 6)
+    with caplog.at_level(logging.WARNING, logger="schedulers.dynamic_sampling"):
+        batch, m = step(s, 6)
+    assert caplog.records == [] and s.state_dict()["bound_hits"] == 0  # a full share is no bound hit
     assert len(batch) == 6 * N and m["scheduler/math/prompts_drawn"] == 6
     assert m["scheduler/math/groups_dropped"] == 0 and m["scheduler/math/redraws"] == 0
     assert m["scheduler/math/surplus"] == 0 and m["scheduler/math/aborted"] == 0
@@ -625,17 +636,39 @@ def test_prompt_rows_picks_one_prompts_group():
     assert prompt_rows(out, 2, 2)["b"] == ["v", "w"] and prompt_rows(out, 0, 3)["a"].tolist() == [0, 1, 2]
 
 
-def test_seconds_are_summed_over_the_scored_groups(monkeypatch):
-    """generate_s and reward_s add up every scored group's time; wall_s is the step's; the ledger's saving is
-    skipped prompts times seconds per drawn prompt. A clock that ticks 1 s per reading makes them countable."""
-    ticks = iter(range(10_000))
-    monkeypatch.setattr(ds, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks)),
-                                                     monotonic=__import__("time").monotonic))
-    s = make(config(["dynamic_sampling.max_running_requests=1"]), rows_of(["half"] * 4), Infer())
-    _, m = step(s, 2)
-    # readings: start 0, request 0 sent 1, group 0 decoded 2 and scored 3, request 1 sent 4, ... end
-    assert m["scheduler/math/generate_s"] > 0 and m["scheduler/math/reward_s"] == 2.0
-    assert m["scheduler/math/wall_s"] == 7.0
+def test_seconds_are_the_groups_generation_and_scoring_time(monkeypatch):
+    """generate_s is from a group's request to its answer, reward_s its scoring, wall_s the step's: on the
+    scheduler's clock, which the stand-ins move by 3 s per answer and 10 s per scoring call."""
+    clock = FakeTime(monkeypatch)
+    infer, reward = Infer(clock=clock, tick_s=3.0), Reward(clock=clock, tick_s=10.0)
+    s = make(config(), rows_of(["half"] * 4), infer, [reward])
+    _, m = step(s, 1)
+    assert (m["scheduler/math/generate_s"], m["scheduler/math/reward_s"], m["scheduler/math/wall_s"]) == (3, 10, 13)
+    clock.now = 100.0
+    _, m = step(s, 1)  # measured from where the clock is, not from 0
+    assert (m["scheduler/math/generate_s"], m["scheduler/math/reward_s"], m["scheduler/math/wall_s"]) == (3, 10, 13)
+
+
+def test_counts_past_256_prompts():
+    """Counts above CPython's small-int cache (where `is` on equal numbers stops holding): a cap of 300 in flight,
+    a share of 260, 300 rows wrapped into their next epoch, a bound of 260 reached."""
+    rows = rows_of(["half"] * 300)  # with one response a group, every group scores 1
+    cfg = config(["dynamic_sampling.max_running_requests=300", "dynamic_sampling.max_prompts_factor=2"])
+    s = make(cfg, rows, Infer())
+    _, m = step(s, 260, group_size=1)
+    assert m["scheduler/math/prompts_drawn"] == 260 and m["scheduler/math/peak_in_flight"] == 260
+    assert m["scheduler/math/bound_hit"] == 0 and s.state_dict()["bound_hits"] == 0
+    s.load_state_dict({**s.state_dict(), "pass_rate": 0.5})
+    _, m = step(s, 260, group_size=1)  # 0.5 * 520 would be the share, but 300 may be in flight
+    assert m["scheduler/math/peak_in_flight"] == 300
+    total = 260 + int(m["scheduler/math/prompts_drawn"])
+    assert total > 300 and s.state_dict()["sampler"] == {
+        "epoch": total // 300, "position": total % 300, "seed": cfg.seed + zlib.crc32(b"math"), "size": 300
+    }
+    dropping = config(["dynamic_sampling.max_running_requests=300", "dynamic_sampling.max_prompts_factor=2"],
+                      group_filters="{std_filter: {}}")  # a group of one response has no spread: all dropped
+    _, m = step(make(dropping, rows, Infer()), 130, group_size=1)
+    assert m["scheduler/math/prompts_drawn"] == 260 and m["scheduler/math/bound_hit"] == 1
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -732,6 +765,11 @@ def test_prompt_sampler_refuses_no_rows_and_another_datas_state():
     again = PromptSampler(5, seed=3)
     again.load_state_dict(s.state_dict())
     assert again.take(6) == s.take(6)
+    # Each epoch is the seeded permutation of its own number, and the epochs are counted.
+    walk = PromptSampler(5, seed=3)
+    epochs = [walk.take(5) for _ in range(4)]
+    assert epochs == [np.random.default_rng([3, e]).permutation(5).tolist() for e in range(4)]
+    assert len({tuple(e) for e in epochs}) == 4 and walk.state_dict()["epoch"] == 3
     for other in ({"seed": 4}, {"size": 6}):
         with pytest.raises(ValueError, match="sampler state is for seed .* the data or the seed changed"):
             PromptSampler(5, seed=3).load_state_dict({**s.state_dict(), **other})
