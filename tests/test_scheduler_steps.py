@@ -702,6 +702,7 @@ def test_validation_with_k_samples_groups_them_and_a_cap_takes_the_first_prompts
     ]
     assert len(asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 100, 1))) == len(val)
     assert len(asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4)))) == len(val)  # by default, all of them
+    assert asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 1)).meta["id"] == [val[0]["id"]]
     # more samples a prompt than a request holds prompts: still one prompt a request
     infer.requests.clear()
     s.VAL_PROMPTS_PER_REQUEST = 3
