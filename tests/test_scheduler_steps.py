@@ -780,6 +780,27 @@ def test_the_ledger_skips_uniform_rows_and_reports_them():
     assert m["scheduler/math/prompts_drawn"] == 3 and m["scheduler/math/skipped_by_ledger"] == 3
 
 
+def test_each_ledger_check_of_a_step_has_a_retest_draw_of_its_own():
+    """With retest_prob 0.5, which uniform rows come back is the ledger's draw for (call, check number): every
+    check of the step a draw of its own, counted from 1."""
+    cfg = config(["dynamic_sampling.ledger.enabled=true", "dynamic_sampling.ledger.streak=1",
+                  "dynamic_sampling.ledger.retest_prob=0.5", "dynamic_sampling.max_running_requests=1"])
+    patterns = ["same1"] * 12 + ["half"] * 4
+    s = make(cfg, rows_of(patterns), Infer())
+    step(s, 16)  # every row once: the same1 rows are uniform now
+    _, m = step(s, 8)
+    order = draw_order(cfg, 16, 80)[16:]
+    skipped, drawn = 0, 0
+    for check, i in enumerate(order, start=1):
+        if patterns[i] == "same1" and s.ledger._draw(1, check) >= 0.5:
+            skipped += 1
+            continue
+        drawn += 1
+        if drawn == m["scheduler/math/prompts_drawn"]:
+            break
+    assert m["scheduler/math/skipped_by_ledger"] == skipped and 2 <= skipped <= 10
+
+
 def test_prompt_sampler_refuses_no_rows_and_another_datas_state():
     with pytest.raises(ValueError, match="a domain with no rows cannot be sampled"):
         PromptSampler(0, seed=1)
