@@ -32,6 +32,7 @@ from schedulers.dynamic_sampling import (
     prompt_rows,
     request_seed,
 )
+from schedulers.filters import RESPONSE_FILTERS
 from tests.conftest import TINY_MODEL
 from tests.test_dynamic_sampling import PATTERNS, config, draw_order, filtered_in_order, rows_of
 from workers.actor_infer import StaleWeightsError
@@ -145,7 +146,7 @@ class Reward:
         if self.clock is not None:
             self.clock.now += self.tick_s
         if self.lost:
-            raise RayActorError()
+            raise RayActorError(error_msg="the actor died\n(its traceback follows)")
         self.samples.extend(samples)
         return [
             ScoredSample.masked_as("error")
@@ -260,6 +261,18 @@ def test_filters_counts_and_the_batch_one_prompt_at_a_time():
     assert m["reward/math/count"] == len(flat)
     assert m["scheduler/math/reward_mean"] == pytest.approx(sum(flat) / len(flat))
     assert m["reward/math/len"] == 1.0  # the scorer's own metric, averaged
+
+
+def test_a_response_filters_options_reach_it(monkeypatch):
+    def shorter_than(response, *, tokens):
+        return response.response_length < tokens
+
+    monkeypatch.setitem(RESPONSE_FILTERS._items, "shorter_than", shorter_than)
+    monkeypatch.setitem(RESPONSE_FILTERS._traits, "shorter_than", {})
+    cfg = config(response_filters="{shorter_than: {tokens: 3}}")
+    batch, m = step(make(cfg, rows_of(["half"] * 2), Infer()), 1)
+    # the stand-in's responses are 2 and 3 tokens long by turns (1 or 2 EOS)
+    assert batch["sample_mask"].tolist() == [1.0, 0.0, 1.0, 0.0] and m["scheduler/math/responses_masked_by_filters"] == 2
 
 
 def test_no_filters_draw_exactly_the_share(caplog):
@@ -535,13 +548,13 @@ def test_request_seeds_are_a_fixed_hash_of_their_parts():
 
 def test_a_restarting_infer_worker_gets_the_weights_and_the_request_again(monkeypatch):
     clock = FakeTime(monkeypatch)
-    infer = Infer(unavailable=2)
+    infer = Infer(unavailable=3)
     s = make(config(), rows_of(["half"] * 4), infer)
     s.set_weights(3, ["weights-3"])
     batch, m = step(s, 1)
     assert len(batch) == N and m["scheduler/math/infer_retries"] == 1  # one request lost, counted once
-    assert infer.weights == [("weights-3", 3), ("weights-3", 3)]
-    assert [r[0] for r in infer.requests] == ["math/0/0"] * 3 and clock.slept == [0.1, 0.2]
+    assert infer.weights == [("weights-3", 3)] * 3
+    assert [r[0] for r in infer.requests] == ["math/0/0"] * 4 and clock.slept == [0.1, 0.2, 0.4]
     # Before any weights were sent, a restarted worker already has the starting ones: no sync.
     infer = Infer(unavailable=1)
     s = make(config(), rows_of(["half"] * 4), infer)
@@ -575,7 +588,7 @@ def test_a_dead_reward_worker_passes_the_batch_on_and_all_dead_masks_it(caplog):
     s = make(cfg, rows_of(["half"] * 4), Infer(), [first, second])
     with caplog.at_level(logging.WARNING, logger="schedulers.dynamic_sampling"):
         batch, m = step(s, 1)
-    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["domain 'math': reward worker 0 failed"]
+    assert [r.getMessage() for r in caplog.records] == ["domain 'math': reward worker 0 failed (the actor died)"]
     assert m["scheduler/math/reward_worker_failures"] == 1
     assert batch["scores"].tolist() == [1.0, 0.0, 1.0, 0.0] and first.calls == 1
     dead = [Reward(lost=True), Reward(lost=True)]
