@@ -131,17 +131,17 @@ class Reward:
     died) on every call; `masked` masks responses that are exactly that text."""
 
     def __init__(self, lost: bool = False, masked: str | None = None, clock=None, tick_s: float = 0.0,
-                 hold_from: int | None = None) -> None:
+                 hold_rows: tuple[str, ...] = ()) -> None:
         self.lost, self.masked = lost, masked
         self.clock, self.tick_s = clock, tick_s
-        self.hold_from = hold_from
-        """Calls from the `hold_from`-th (counting from 1) never answer: scoring still under way when cancelled."""
+        self.hold_rows = hold_rows
+        """Calls for these rows' responses never answer: scoring still under way when cancelled."""
         self.samples: list[dict] = []
         self.calls = 0
 
     def score_batch(self, samples):
         self.calls += 1
-        if self.hold_from is not None and self.calls >= self.hold_from:
+        if samples[0]["id"] in self.hold_rows:
             return asyncio.Event().wait()
         if self.clock is not None:
             self.clock.now += self.tick_s
@@ -380,18 +380,19 @@ def test_requests_in_flight_when_the_share_fills_are_aborted():
 def test_the_aborted_count_is_prompts_generating_plus_groups_scoring():
     cfg = config(["dynamic_sampling.max_running_requests=3", "dynamic_sampling.max_prompts_factor=3"])
     infer = Infer(hold_each=True)
-    s = make(cfg, rows_of(["half"] * 6), infer, [Reward(hold_from=2)])
+    first, second = draw_order(cfg, 6, 2)
+    s = make(cfg, rows_of(["half"] * 6), infer, [Reward(hold_rows=(f"r{second}",))])
     s.load_state_dict({**s.state_dict(), "pass_rate": 0.2})
 
     async def run():
         task = asyncio.ensure_future(s.get_batch(1, N, ARGS))
         await settle()
-        infer.release(0, 1)  # group 0 is kept at its scoring; group 1's scoring never ends; request 2 generates
+        infer.release(0, 1)  # the first drawn group is kept; the second's scoring never ends; request 2 generates
         return await task
 
     batch, m = asyncio.run(run())
     assert m["scheduler/math/prompts_drawn"] == 3 and m["scheduler/math/aborted"] == 2
-    assert infer.aborted == ["math/0/2"] and ids(batch) == draw_order(cfg, 6, 1)
+    assert infer.aborted == ["math/0/2"] and ids(batch) == [first]
 
 
 def test_a_request_aborted_by_someone_else_fails_the_step():
