@@ -146,7 +146,7 @@ class Reward:
         if self.clock is not None:
             self.clock.now += self.tick_s
         if self.lost:
-            raise RayActorError(error_msg="the actor died\n(its traceback follows)")
+            raise RayActorError(error_msg="the actor died: " + "x" * 300 + "\n(its traceback follows)")
         self.samples.extend(samples)
         return [
             ScoredSample.masked_as("error")
@@ -526,6 +526,27 @@ def test_deterministic_rounds_resolve_every_draw_in_order_with_seeded_requests()
     assert len(passing) >= 3
 
 
+def test_a_deterministic_step_waits_for_its_round_after_the_share_is_full():
+    cfg = config(["deterministic=true", "dynamic_sampling.max_running_requests=4",
+                  "dynamic_sampling.max_prompts_factor=4"])
+    infer = Infer(hold_each=True)
+    s = make(cfg, rows_of(["half"] * 8), infer)
+    s.load_state_dict({**s.state_dict(), "pass_rate": 0.25})  # a round of 4 for a share of 1
+
+    async def run():
+        task = asyncio.ensure_future(s.get_batch(1, N, ARGS))
+        await settle()
+        infer.release(0)  # the share is full; 1-3 still generate
+        await settle()
+        waiting = not task.done()
+        infer.release(1, 2, 3)
+        return waiting, await task
+
+    waiting, (batch, m) = asyncio.run(run())
+    assert waiting and infer.aborted == [] and m["scheduler/math/aborted"] == 0
+    assert m["scheduler/math/surplus"] == 3 and ids(batch) == draw_order(cfg, 8, 1)
+
+
 def test_non_deterministic_requests_carry_no_seed_and_the_current_weights_version():
     infer = Infer()
     s = make(config(), rows_of(["half"] * 4), infer)
@@ -589,7 +610,9 @@ def test_a_dead_reward_worker_passes_the_batch_on_and_all_dead_masks_it(caplog):
     s = make(cfg, rows_of(["half"] * 4), Infer(), [first, second])
     with caplog.at_level(logging.WARNING, logger="schedulers.dynamic_sampling"):
         batch, m = step(s, 1)
-    assert [r.getMessage() for r in caplog.records] == ["domain 'math': reward worker 0 failed (the actor died)"]
+    # the error's first line, cut at 200 characters
+    detail = ("the actor died: " + "x" * 300)[:200]
+    assert [r.getMessage() for r in caplog.records] == [f"domain 'math': reward worker 0 failed ({detail})"]
     assert m["scheduler/math/reward_worker_failures"] == 1
     assert batch["scores"].tolist() == [1.0, 0.0, 1.0, 0.0] and first.calls == 1
     dead = [Reward(lost=True), Reward(lost=True)]
