@@ -720,6 +720,7 @@ def test_counts_past_256_prompts():
     s.load_state_dict({**s.state_dict(), "pass_rate": 0.5})
     _, m = step(s, 260, group_size=1)  # 0.5 * 520 would be the share, but 300 may be in flight
     assert m["scheduler/math/peak_in_flight"] == 300
+    assert m["scheduler/math/groups_kept"] == 260 and m["scheduler/math/aborted"] > 0  # the rest stopped once full
     total = 260 + int(m["scheduler/math/prompts_drawn"])
     assert total > 300 and s.state_dict()["sampler"] == {
         "epoch": total // 300, "position": total % 300, "seed": cfg.seed + zlib.crc32(b"math"), "size": 300
@@ -846,6 +847,11 @@ def test_prompt_sampler_refuses_no_rows_and_another_datas_state():
     again = PromptSampler(5, seed=3)
     again.load_state_dict(s.state_dict())
     assert again.take(6) == s.take(6)
+    # A take across an epoch's end: the rest of this epoch, then the start of the next.
+    part = PromptSampler(5, seed=3)
+    assert part.take(3) + part.take(4) == np.random.default_rng([3, 0]).permutation(5).tolist() + (
+        np.random.default_rng([3, 1]).permutation(5).tolist()[:2]
+    )
     # Each epoch is the seeded permutation of its own number, and the epochs are counted.
     walk = PromptSampler(5, seed=3)
     epochs = [walk.take(5) for _ in range(4)]
