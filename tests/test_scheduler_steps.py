@@ -547,6 +547,28 @@ def test_a_deterministic_step_waits_for_its_round_after_the_share_is_full():
     assert m["scheduler/math/surplus"] == 3 and ids(batch) == draw_order(cfg, 8, 1)
 
 
+def test_a_deterministic_round_draws_nothing_new_until_it_is_resolved():
+    cfg = config(["deterministic=true", "dynamic_sampling.max_running_requests=4",
+                  "dynamic_sampling.max_prompts_factor=8"], group_filters="{std_filter: {}}")
+    patterns = ["half"] * 32
+    patterns[draw_order(cfg, 32, 1)[0]] = "same0"  # the first drawn row is dropped
+    infer = Infer(hold_each=True)
+    s = make(cfg, rows_of(patterns), infer)
+
+    async def run():
+        task = asyncio.ensure_future(s.get_batch(4, N, ARGS))  # a round of 4 (the cap) for a share of 4
+        await settle()
+        # The first group is dropped: a slot is free and 0.5 * 3 in flight < 4 wanted, but the round is not over.
+        infer.release(0)
+        await settle()
+        mid_round = len(infer.requests)
+        infer.release(*range(1, 40))
+        await task
+        return mid_round
+
+    assert asyncio.run(run()) == 4
+
+
 def test_non_deterministic_requests_carry_no_seed_and_the_current_weights_version():
     infer = Infer()
     s = make(config(), rows_of(["half"] * 4), infer)
@@ -767,6 +789,7 @@ def test_validation_with_k_samples_groups_them_and_a_cap_takes_the_first_prompts
     infer.requests.clear()
     s.VAL_PROMPTS_PER_REQUEST = 3
     asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 2, N))
+    assert {r[0].split("/")[1] for r in infer.requests} == {"val5"}  # the sixth call of this scheduler
     assert [r[1] for r in infer.requests] == [1, 1]
 
 
@@ -780,7 +803,7 @@ def test_state_round_trips_and_refuses_another_domain():
     state = s.state_dict()
     assert state["calls"] == 1 and state["sampler"]["position"] == 3 and state["ledger"] is not None
     other = make(cfg, rows_of(["same1", "half"] * 4), Infer())
-    other.load_state_dict(state)
+    other.load_state_dict({**state, "domain": "".join(["ma", "th"])})  # an equal name, not the same object
     assert other.state_dict() == state
     assert other.ledger.state_dict() == s.ledger.state_dict()
     plain = make(config(), rows_of(["same1", "half"] * 4), Infer())
@@ -811,6 +834,12 @@ def test_the_ledger_skips_uniform_rows_and_reports_them():
     assert m2["scheduler/math/skipped_by_ledger"] == skipped >= 1 and m2["scheduler/math/prompts_drawn"] == 4
     assert m2["scheduler/math/ledger_s_saved_est"] == pytest.approx(skipped * m2["scheduler/math/wall_s"] / 4)
     assert s.ledger.streaks == {patterns.index("same1"): 1}
+    # One row, uniform: passed over once, then drawn anyway (the whole epoch was); the saving is per drawn prompt.
+    s = make(cfg, rows_of(["same1"]), Infer())
+    step(s, 1)
+    _, m = step(s, 1)
+    assert m["scheduler/math/skipped_by_ledger"] == 1 and m["scheduler/math/prompts_drawn"] == 1
+    assert m["scheduler/math/ledger_s_saved_est"] == m["scheduler/math/wall_s"]
     # Every row uniform: they are drawn anyway rather than skipped forever.
     s = make(cfg, rows_of(["same1"] * 3), Infer())
     step(s, 3)
