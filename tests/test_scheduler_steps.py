@@ -582,6 +582,7 @@ def test_request_seeds_are_a_fixed_hash_of_their_parts():
     digest = hashlib.blake2b(b"42/math/3/val16", digest_size=8).digest()
     assert request_seed(42, "math", 3, "val16") == int.from_bytes(digest, "little") & (2**63 - 1)
     assert request_seed(1, "code", 0, 5) == 6711401011419582302  # the same on every machine and every release
+    assert request_seed(2, "code", 0, 5) == 3378775997363216055  # (an odd one: the low bit is kept)
     seeds = {request_seed(s, d, c, k) for s in (1, 2) for d in ("math", "code") for c in (0, 1) for k in (0, 1)}
     assert len(seeds) == 16 and all(0 <= x < 2**63 for x in seeds)
     assert max(seeds) >= 2**62  # 63 bits used, not fewer
@@ -784,12 +785,13 @@ def test_validation_with_k_samples_groups_them_and_a_cap_takes_the_first_prompts
     ]
     assert len(asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 100, 1))) == len(val)
     assert len(asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4)))) == len(val)  # by default, all of them
+    assert len(asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), -1))) == len(val)  # as any cap <= 0
     assert asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 1)).meta["id"] == [val[0]["id"]]
     # more samples a prompt than a request holds prompts: still one prompt a request
     infer.requests.clear()
     s.VAL_PROMPTS_PER_REQUEST = 3
     asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4), 2, N))
-    assert {r[0].split("/")[1] for r in infer.requests} == {"val5"}  # the sixth call of this scheduler
+    assert {r[0].split("/")[1] for r in infer.requests} == {"val6"}  # the seventh call of this scheduler
     assert [r[1] for r in infer.requests] == [1, 1]
 
 
