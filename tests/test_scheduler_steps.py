@@ -888,7 +888,7 @@ def test_prompt_sampler_refuses_no_rows_and_another_datas_state():
     epochs = [walk.take(5) for _ in range(4)]
     assert epochs == [np.random.default_rng([3, e]).permutation(5).tolist() for e in range(4)]
     assert len({tuple(e) for e in epochs}) == 4 and walk.state_dict()["epoch"] == 3
-    for other in ({"seed": 4}, {"size": 6}):
+    for other in ({"seed": 4}, {"size": 6}, {"seed": 2}, {"size": 4}):
         with pytest.raises(ValueError, match="sampler state is for seed .* the data or the seed changed"):
             PromptSampler(5, seed=3).load_state_dict({**s.state_dict(), **other})
     assert math.isclose(len(set(PromptSampler(100, seed=1).take(100))), 100)
