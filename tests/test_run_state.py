@@ -218,9 +218,10 @@ def test_a_checkpoint_from_before_the_mixer_and_outcomes_were_kept_still_restore
 
 def test_actor_infer_of_another_size_starts_with_fresh_rngs(tmp_path):
     path = Driver(tmp_path).save_checkpoint(1)
-    fresh = Driver(tmp_path, infer_world=3)
-    fresh.restore(path)
-    assert fresh.actor_infer.log == []
+    for world in (3, 1):  # more workers than the checkpoint has states for, and fewer
+        fresh = Driver(tmp_path, infer_world=world)
+        fresh.restore(path)
+        assert fresh.actor_infer.log == [], world
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path):

@@ -336,6 +336,52 @@ def test_each_resolved_group_tops_up_the_prompts_in_flight_as_the_estimate_says(
     assert m["scheduler/math/bound_hit"] == 1 and len(batch) == 2 * N
 
 
+def test_one_request_per_prompt_never_goes_past_the_cap_or_the_expected_share():
+    """Requests of one prompt each, answered one at a time: a slot freed while another prompt generates is filled
+    once, never twice (cap 2, every group dropped, so the scheduler keeps drawing to the bound)."""
+    cfg = config(["dynamic_sampling.request_mode=prompt", "dynamic_sampling.max_running_requests=2",
+                  "dynamic_sampling.max_prompts_factor=8"], group_filters="{std_filter: {}}")
+    infer = Infer(hold_each=True)
+    s = make(cfg, rows_of(["same1"] * 8), infer)
+    s.load_state_dict({**s.state_dict(), "pass_rate": 0.05})
+
+    async def run():
+        task = asyncio.ensure_future(s.get_batch(1, N, ARGS))
+        await settle()
+        counts = [len(infer.requests)]
+        for k in range(5):  # released in draw order, one at a time
+            infer.release(k)
+            await settle()
+            counts.append(len(infer.requests))
+        infer.release(*range(5, 8))
+        return counts, await task
+
+    counts, (_, m) = asyncio.run(run())
+    assert counts == [2, 3, 4, 5, 6, 7] and m["scheduler/math/peak_in_flight"] == 2
+
+
+def test_a_prompt_generating_and_a_group_scoring_are_both_expected_to_pass():
+    """A share of 2, every group passing so far: with one prompt still generating and the other's group still
+    being scored, 1.0 * (1 + 1) groups are expected, so nothing more is drawn (the scoring one never answers here)."""
+    patterns = ["half"] * 8
+    first = draw_order(config([]), len(patterns), 1)[0]
+    infer = Infer(hold_each=True)
+    s = make(config(["dynamic_sampling.request_mode=prompt"]), rows_of(patterns), infer,
+             [Reward(hold_rows=(f"r{first}",))])
+
+    async def run():
+        task = asyncio.ensure_future(s.get_batch(2, N, ARGS))
+        await settle()
+        counts = [len(infer.requests)]
+        infer.release(0)  # its group is scoring, 1 is generating
+        await settle()
+        counts.append(len(infer.requests))
+        task.cancel()
+        return counts
+
+    assert asyncio.run(run()) == [2, 2]
+
+
 def test_groups_that_land_together_past_the_share_are_surplus():
     """Six prompts answered in one turn for a share of 2: the two earliest drawn passing groups are the batch; the
     passing and dropped groups drawn after the last of them are surplus, and only drops before it count."""
@@ -888,6 +934,10 @@ def test_prompt_sampler_refuses_no_rows_and_another_datas_state():
     epochs = [walk.take(5) for _ in range(4)]
     assert epochs == [np.random.default_rng([3, e]).permutation(5).tolist() for e in range(4)]
     assert len({tuple(e) for e in epochs}) == 4 and walk.state_dict()["epoch"] == 3
+    # Takes past 256 (CPython caches smaller ints, so only these tell a count from its identity).
+    big = PromptSampler(300, seed=3)
+    assert big.take(300) == np.random.default_rng([3, 0]).permutation(300).tolist()
+    assert len(big.take(301)) == 301
     for other in ({"seed": 4}, {"size": 6}, {"seed": 2}, {"size": 4}):
         with pytest.raises(ValueError, match="sampler state is for seed .* the data or the seed changed"):
             PromptSampler(5, seed=3).load_state_dict({**s.state_dict(), **other})
