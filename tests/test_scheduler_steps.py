@@ -190,6 +190,19 @@ async def released_together(scheduler, infer, share, in_flight):
     return await task
 
 
+async def sent_after(scheduler, infer, share, releases):
+    """Start a step, then release each tuple of request numbers in turn; returns the step's task and how many
+    requests had gone out when nothing was released yet and after each release."""
+    task = asyncio.ensure_future(scheduler.get_batch(share, N, ARGS))
+    await settle()
+    sent = [len(infer.requests)]
+    for ks in releases:
+        infer.release(*ks)
+        await settle()
+        sent.append(len(infer.requests))
+    return task, sent
+
+
 async def settle():
     """Let every task on the loop run until it waits on something the test controls."""
     for _ in range(200):
@@ -314,19 +327,12 @@ def test_each_resolved_group_tops_up_the_prompts_in_flight_as_the_estimate_says(
     s.load_state_dict({**s.state_dict(), "pass_rate": 0.25})
 
     async def run():
-        task = asyncio.ensure_future(s.get_batch(2, N, ARGS))
-        await settle()
-        sent = [len(infer.requests)]  # 0.25 * (0 + 2) < 2 draws a third, and the cap stops there
-        # 0 generated: its slot is free at once (0.25 * (2 + 0 + 1 scoring) < 2: a 4th); then it is dropped and the
+        # At first 0.25 * (0 + 2) < 2 draws a third, and the cap stops there.
+        # Release 0: its slot is free at once (0.25 * (2 + 0 + 1 scoring) < 2: a 4th); then it is dropped and the
         # estimate becomes (0 + 1) / (1 + 1) = 0.5, with 3 in flight again.
-        infer.release(0)
-        await settle()
-        sent.append(len(infer.requests))
-        # 1 and 2 generated: 1 in flight, 2 scoring, 0.5 * (1 + 0 + 2) < 2 draws a 5th, 0.5 * (1 + 1 + 2) does not;
+        # Release 1 and 2: 1 in flight, 2 scoring, 0.5 * (1 + 0 + 2) < 2 draws a 5th, 0.5 * (1 + 1 + 2) does not;
         # both dropped: the estimate 1 / 4, 0.25 * (2 + 0) < 2 and the cap leave room for a 6th only.
-        infer.release(1, 2)
-        await settle()
-        sent.append(len(infer.requests))
+        task, sent = await sent_after(s, infer, 2, [(0,), (1, 2)])
         infer.release(*range(3, 30))
         return sent, await task
 
@@ -336,7 +342,7 @@ def test_each_resolved_group_tops_up_the_prompts_in_flight_as_the_estimate_says(
     assert m["scheduler/math/bound_hit"] == 1 and len(batch) == 2 * N
 
 
-def test_one_request_per_prompt_never_goes_past_the_cap_or_the_expected_share():
+def test_one_request_per_prompt_never_goes_past_the_cap():
     """Requests of one prompt each, answered one at a time: a slot freed while another prompt generates is filled
     once, never twice (cap 2, every group dropped, so the scheduler keeps drawing to the bound)."""
     cfg = config(["dynamic_sampling.request_mode=prompt", "dynamic_sampling.max_running_requests=2",
@@ -346,15 +352,9 @@ def test_one_request_per_prompt_never_goes_past_the_cap_or_the_expected_share():
     s.load_state_dict({**s.state_dict(), "pass_rate": 0.05})
 
     async def run():
-        task = asyncio.ensure_future(s.get_batch(1, N, ARGS))
-        await settle()
-        counts = [len(infer.requests)]
-        for k in range(5):  # released in draw order, one at a time
-            infer.release(k)
-            await settle()
-            counts.append(len(infer.requests))
+        task, sent = await sent_after(s, infer, 1, [(k,) for k in range(5)])  # in draw order, one at a time
         infer.release(*range(5, 8))
-        return counts, await task
+        return sent, await task
 
     counts, (_, m) = asyncio.run(run())
     assert counts == [2, 3, 4, 5, 6, 7] and m["scheduler/math/peak_in_flight"] == 2
@@ -370,14 +370,9 @@ def test_a_prompt_generating_and_a_group_scoring_are_both_expected_to_pass():
              [Reward(hold_rows=(f"r{first}",))])
 
     async def run():
-        task = asyncio.ensure_future(s.get_batch(2, N, ARGS))
-        await settle()
-        counts = [len(infer.requests)]
-        infer.release(0)  # its group is scoring, 1 is generating
-        await settle()
-        counts.append(len(infer.requests))
+        task, sent = await sent_after(s, infer, 2, [(0,)])  # 0's group is scoring, 1 is generating
         task.cancel()
-        return counts
+        return sent
 
     assert asyncio.run(run()) == [2, 2]
 
