@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roll_pipeline.driver.cli import main
+from roll_pipeline.driver.cli import _print_summary, main
+from roll_pipeline.driver.run_change import run_change
+from roll_pipeline.driver.significance import PromptOutcome
 from tests.conftest import EXAMPLES
 
 
@@ -88,3 +90,39 @@ def test_model_build_names_the_models_it_knows_when_given_another(capsys, tmp_pa
     assert "no embedded model named tiny-qwen3" in err
     assert "tiny-qwen2, tiny-qwen2-multi, tiny-qwen2-judge" in err
     assert not list(tmp_path.iterdir())
+
+
+def finished_summary(first: dict, last: dict, last_step: int = 240) -> dict:
+    return {
+        "steps": last_step, "wall_s": 200.0, "run_id": "abc", "tracking_uri": "sqlite:///mlflow.db",
+        "output_dir": "runs/math_code", "start": {"step": 0}, "end": {"step": last_step},
+        "change": {"first_step": 0, "last_step": last_step, "alpha": 0.05, "confidence": 0.95,
+                   "rows": run_change(first, last)},
+    }
+
+
+def test_the_end_of_a_run_prints_each_change_with_its_interval_and_flags_the_unsure(capsys):
+    first = {f"math/{i}": PromptOutcome("add", 0, 1) for i in range(20)}
+    first |= {f"code/{i}": PromptOutcome("list" if i < 5 else "string", 0, 1) for i in range(10)}
+    last = {f"math/{i}": PromptOutcome("add", int(i < 15), 1) for i in range(20)}  # 15 won: p = 6e-5
+    last |= {f"code/{i}": PromptOutcome("list" if i < 5 else "string", int(i in (0, 5)), 1) for i in range(10)}
+    _print_summary(finished_summary(first, last))
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "finished 240 steps in 200 s"
+    assert out[2] == "validation accuracy, step 0 against step 240 (paired by prompt):"
+    rows = {line.split()[0]: line for line in out[4:10]}
+    assert list(rows) == ["all", "code", "list", "string", "math", "add"]
+    assert rows["add"].split()[-3:] == ["+0.750", "0.000", "better"]
+    assert "0.750 [0.53, 0.89]" in rows["add"]
+    assert rows["code"].endswith("not significant")  # 2 of 10 won: p = 0.5
+    assert "no significant gain in: code, list, string" in out
+    assert any("`make ui`" in line and "`roll report runs/math_code`" in line for line in out)
+
+
+def test_a_run_that_validated_once_prints_its_accuracies_only(capsys):
+    summary = finished_summary({}, {}, last_step=0)
+    summary |= {"start": {"step": 0, "val_correct/all/mean": 0.5}, "end": {"step": 0, "val_correct/all/mean": 0.5}}
+    _print_summary(summary)
+    out = capsys.readouterr().out
+    assert "paired by prompt" not in out and "no significant gain" not in out
+    assert out.splitlines()[3].split() == ["all", "0.500", "0.500"]

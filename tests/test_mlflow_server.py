@@ -150,6 +150,9 @@ def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, caps
     run_id = run.info.run_id
     assert run.info.status == "FINISHED"
     assert "finished 2 steps" in printed
+    # the end of the run: its first validation against its last, per domain and tag, and where to look further
+    assert "validation accuracy, step 0 against step 2 (paired by prompt):" in printed
+    assert any(line.startswith("  math ") for line in printed.splitlines()) and "`make ui`" in printed
 
     # the checkpoint's Hugging Face folder holds the trained policy, changed from the one the run started with
     trained_weights = load_file(output_dir / "checkpoints" / "step_2" / "actor_train" / "hf_model" / "model.safetensors")

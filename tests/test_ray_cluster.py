@@ -185,6 +185,9 @@ def test_a_run_spans_both_nodes_checkpoints_there_and_resumes(tmp_path, tiny_mod
     resumed = roll([*args, "max_steps=3", "--resume"], user_cluster.address)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming math_code from {step}" in resumed.stdout and "finished 3 steps" in resumed.stdout
+    # the first validation (at step 2: none at the start here) came back with the checkpoint, and the resumed run's
+    # end is paired with it
+    assert "validation accuracy, step 2 against step 3 (paired by prompt):" in resumed.stdout
     assert (out / "checkpoints" / "step_3" / "pipeline_state.json").is_file()
 
 

@@ -89,6 +89,8 @@ class Driver(RunState):
         self.global_step = 0
         self.history: dict[int, dict[str, float]] = {}
         self.val_outcomes = None
+        self.first_val_outcomes = None
+        self.first_val_step = None
         self.mix_state = MixState()
         self.reward_moments = DomainRewardMoments()
         self.kl_ctrl = AdaptiveKLController(kl_coef=0.1, target_kl=0.05, horizon=100)
@@ -116,6 +118,7 @@ def played(driver: Driver) -> Driver:
     driver.trained_version = 5
     driver.history = {1: {"loss": 0.5}, 4: {"loss": 0.25}}
     driver.val_outcomes = {"p1": PromptOutcome("add", 1, 2), "p2": PromptOutcome("list", 0, 1)}
+    driver.first_val_outcomes, driver.first_val_step = {"p1": PromptOutcome("add", 0, 2)}, 0
     driver.mix_state = MixState(rate={"math": 2.5}, accuracy={"math": 0.4, "code": 0.2}, gain={"code": 0.1})
     driver.reward_moments["math"].update(torch.tensor([1.0, 0.0, 0.5]))
     driver.kl_ctrl.update(0.2, 8)
@@ -133,6 +136,7 @@ def state_of(driver: Driver) -> dict:
         "global_step": driver.global_step,
         "history": driver.history,
         "val_outcomes": driver.val_outcomes,
+        "first_val": (driver.first_val_step, driver.first_val_outcomes),
         "mixer": driver.mix_state.state_dict(),
         "moments": driver.reward_moments.state_dict(),
         "kl": driver.kl_ctrl.state_dict(),
@@ -190,6 +194,7 @@ def test_the_state_file_is_plain_json_with_string_keys(tmp_path):
     state = json.loads((path / STATE_FILE).read_text())
     assert state["history"] == {"1": {"loss": 0.5}, "4": {"loss": 0.25}}
     assert state["val_outcomes"] == {"prompt": ["p1", "p2"], "tag": ["add", "list"], "correct": [1, 0], "scored": [2, 1]}
+    assert state["first_val"] == {"step": 0, "outcomes": {"prompt": ["p1"], "tag": ["add"], "correct": [0], "scored": [2]}}
     assert state["schedulers"] == {"math": {"domain": "math", "position": 3}, "code": {"domain": "code", "position": 4}}
     assert state["trained_version"] == 5 and state["step"] == 2
 
@@ -201,19 +206,20 @@ def test_a_run_without_critic_tracker_pending_rollout_or_outcomes(tmp_path):
     fresh = Driver(tmp_path, critic=False, tracker=False)
     fresh.next_rollout = None
     state = fresh.restore(path)
-    assert fresh.next_rollout is None and fresh.val_outcomes is None
+    assert fresh.next_rollout is None and fresh.val_outcomes is None and fresh.first_val_outcomes is None
     assert state["mlflow_run_id"] is None and state["mlflow_spool"] is None
 
 
 def test_a_checkpoint_from_before_the_mixer_and_outcomes_were_kept_still_restores(tmp_path):
     path = played(Driver(tmp_path)).save_checkpoint(3)
     state = json.loads((path / STATE_FILE).read_text())
-    del state["mixer"], state["val_outcomes"]
+    del state["mixer"], state["val_outcomes"], state["first_val"]
     (path / STATE_FILE).write_text(json.dumps(state))
     fresh = Driver(tmp_path)
     fresh.mix_state = MixState(rate={"code": 9.0})
     fresh.restore(path)
     assert fresh.mix_state.state_dict()["rate"] == {"code": 9.0} and fresh.val_outcomes is None
+    assert fresh.first_val_outcomes is None  # the run's end then has no first validation to pair with
 
 
 def test_actor_infer_of_another_size_starts_with_fresh_rngs(tmp_path):

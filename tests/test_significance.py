@@ -211,9 +211,15 @@ def test_report_compares_two_runs_tag_by_tag(tmp_path, file_store, capsys):  # n
     assert rows["add"].split()[-2:] == ["B", "worse"]
     assert "1.000 [0.84, 1.00]" in rows["add"] and "0.000 [0.00, 0.16]" in rows["add"]
     assert rows["mul"].split()[-2:] == ["+0.100", "1.000"]  # one prompt won: no flag
-    # One run alone: its table, with the interval columns.
-    assert main(["report", runs["a"]]) == 0
-    assert "ci_low" in capsys.readouterr().out
+    # One run alone: its table, with the interval columns, and its first validation against its last.
+    assert main(["report", runs["b"]]) == 0
+    out = capsys.readouterr().out
+    assert "ci_low" in out and "over the run: step 0 against step 5, paired by prompt" in out
+    rows = {line.split()[0]: line for line in out.splitlines()[out.splitlines().index(
+        "over the run: step 0 against step 5, paired by prompt"):] if line.split()}
+    assert rows["add"].split()[-3:] == ["-1.000", "0.000", "worse"]  # 20 lost, p = 2 * 0.5**20
+    assert rows["mul"].split()[-3:] == ["+0.600", "0.031", "better"]  # 6 won: p = 2 * 0.5**6, Holm: x1
+    assert rows["math"].split()[-3:] == ["-0.467", "0.009", "worse"]  # both tags: 20 lost and 6 won of 30
 
 
 def test_report_of_a_run_without_per_prompt_outcomes_says_so(tmp_path, file_store, capsys):  # noqa: F811
@@ -224,3 +230,4 @@ def test_report_of_a_run_without_per_prompt_outcomes_says_so(tmp_path, file_stor
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert "no per-prompt outcomes" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--alpha", "2"]) == 2
+

@@ -80,13 +80,27 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _print_summary(summary: dict) -> None:
     echo("")
     echo(f"finished {summary['steps']} steps in {summary['wall_s']:.0f} s")
+    change = summary.get("change")
     start, end = summary.get("start"), summary.get("end")
-    if start and end:
+    if change and change["last_step"] != change["first_step"]:
+        from roll_pipeline.driver.run_change import format_run_change
+
+        echo(f"validation accuracy, step {change['first_step']} against step {change['last_step']} (paired by prompt):")
+        for line in format_run_change(change["rows"], change["first_step"], change["last_step"], change["alpha"],
+                                      change["confidence"]):
+            echo(line)
+        unsure = [r.name for r in change["rows"] if r.kind != "all" and r.verdict(change["alpha"]) != "better"]
+        if unsure:
+            echo(f"no significant gain in: {', '.join(unsure)}")
+    elif start and end:
         echo(f"{'validation accuracy':<32}{'step ' + str(start['step']):>12}{'step ' + str(end['step']):>12}")
         for key in [k for k in end if k.startswith("val_correct/")]:
             label = key.removeprefix("val_correct/").removesuffix("/mean")
             echo(f"{label:<32}{start.get(key, float('nan')):>12.3f}{end[key]:>12.3f}")
     echo(f"MLflow run {summary['run_id']} ({summary['tracking_uri']}); outputs in {summary['output_dir']}")
+    if summary["run_id"]:
+        echo(f"curves, samples and the per-prompt tables: `make ui` (or `roll ui`); this table again: "
+             f"`roll report {summary['output_dir']}`")
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from roll_pipeline.data.loading import RunData
 from roll_pipeline.distributed.waiting import wait_started
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
 from roll_pipeline.driver.reward_audit import audit_plan, run_audit
+from roll_pipeline.driver.run_change import run_change
 from roll_pipeline.driver.run_state import Rollout, RunState
 from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
 from roll_pipeline.driver.significance import PromptOutcome, prompt_outcomes, validation_significance
@@ -66,6 +67,10 @@ class RLVRPipeline(ClusterRuntime, RunState):
         self.history: dict[int, dict[str, float]] = {}
         #: The last validation's per-prompt outcomes, which the next one is compared with.
         self.val_outcomes: dict[str, PromptOutcome] | None = None
+        #: The run's first validation's per-prompt outcomes (kept in checkpoints): the end of the run is paired
+        #: with it (`summary`'s "change").
+        self.first_val_outcomes: dict[str, PromptOutcome] | None = None
+        self.first_val_step: int | None = None
         self.global_step = 0
         self.resumed_from: Path | None = None
         self.weights_version = 0
@@ -422,6 +427,8 @@ class RLVRPipeline(ClusterRuntime, RunState):
             log_validation_artifacts(self.tracker, self.global_step, records, history, rows, outcomes)
             self.tracker.set_tags(tags)
         self.val_outcomes = outcomes
+        if self.first_val_outcomes is None:
+            self.first_val_outcomes, self.first_val_step = outcomes, self.global_step
         observe_validation(self.mix_state, metrics, list(self.cfg.domain_interleave_probs))
         if self.cfg.infer_offloads:  # what comes next (a checkpoint, the next update) needs the GPU
             self.actor_infer.call("offload", False)
@@ -482,6 +489,16 @@ class RLVRPipeline(ClusterRuntime, RunState):
             metrics = self.history[step].items()
             return {k: v for k, v in metrics if k.startswith("val_correct/") and k.endswith("/mean")}
 
+        change = None
+        if self.first_val_outcomes is not None and self.val_outcomes is not None and val_steps:
+            v = self.cfg.validation
+            change = {
+                "first_step": self.first_val_step,
+                "last_step": val_steps[-1],
+                "alpha": v.regression_alpha,
+                "confidence": v.confidence,
+                "rows": run_change(self.first_val_outcomes, self.val_outcomes, v.regression_alpha, v.confidence),
+            }
         return {
             "run_id": self.tracker.run_id if self.tracker else None,
             "tracking_uri": self.tracker.uri if self.tracker else None,
@@ -490,6 +507,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             "start": {"step": val_steps[0], **accuracies(val_steps[0])} if val_steps else None,
             "end": {"step": val_steps[-1], **accuracies(val_steps[-1])} if val_steps else None,
             "output_dir": self.cfg.output_dir,
+            "change": change,
         }
 
     # ------------------------------------------------------------------------------------------- helpers

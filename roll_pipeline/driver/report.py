@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from roll_pipeline.driver.run_change import format_run_change, run_change
 from roll_pipeline.driver.significance import (
     ALL,
     Interval,
@@ -310,28 +311,52 @@ def format_report(report: RunReport, max_columns: int = 8) -> str:
 # ------------------------------------------------------------------------------------ roll report A B
 
 
-def last_validation_outcomes(report: RunReport) -> tuple[int, dict[str, PromptOutcome]]:
-    """The step of a run's last validation and its per-prompt outcomes (``validation/prompts_step_<N>.json``)."""
+def validation_steps(report: RunReport) -> list[int]:
+    return sorted({step for series in report.accuracy.values() for step in series})
+
+
+def validation_outcomes(report: RunReport, step: int) -> dict[str, PromptOutcome]:
+    """The per-prompt outcomes of a run's validation at ``step`` (``validation/prompts_step_<N>.json``)."""
     import tempfile
 
     from mlflow.tracking import MlflowClient
 
-    steps = sorted({step for series in report.accuracy.values() for step in series})
-    if not steps:
-        raise ValueError(f"run {report.run_id} has no validation")
     client = MlflowClient(tracking_uri=report.uri)
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = client.download_artifacts(report.run_id, prompts_file(steps[-1]), tmp)
+            path = client.download_artifacts(report.run_id, prompts_file(step), tmp)
         except Exception as err:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
             raise ValueError(
-                f"run {report.run_id} has no per-prompt outcomes for its last validation (step {steps[-1]}): it "
-                f"was validated by an older version, or the artifact {prompts_file(steps[-1])} did not arrive "
+                f"run {report.run_id} has no per-prompt outcomes for its validation at step {step}: it "
+                f"was validated by an older version, or the artifact {prompts_file(step)} did not arrive "
                 f"({str(err).splitlines()[0] if str(err) else type(err).__name__})"
             ) from None
         with open(path, encoding="utf-8") as f:
             table = json.load(f)
-    return steps[-1], outcomes_from_table(table)
+    return outcomes_from_table(table)
+
+
+def last_validation_outcomes(report: RunReport) -> tuple[int, dict[str, PromptOutcome]]:
+    """The step of a run's last validation and its per-prompt outcomes."""
+    steps = validation_steps(report)
+    if not steps:
+        raise ValueError(f"run {report.run_id} has no validation")
+    return steps[-1], validation_outcomes(report, steps[-1])
+
+
+def format_run_change_report(report: RunReport, alpha: float = 0.05) -> str:
+    """The run's first validation against its last, paired by prompt, per domain and tag (``run_change``); a line
+    saying why not where the run validated once or its per-prompt outcomes are missing."""
+    steps = validation_steps(report)
+    if len(steps) < 2:
+        return "over the run: one validation only, nothing to compare"
+    try:
+        first, last = (validation_outcomes(report, step) for step in (steps[0], steps[-1]))
+    except ValueError as err:
+        return f"over the run: {err}"
+    lines = [f"over the run: step {steps[0]} against step {steps[-1]}, paired by prompt"]
+    lines += format_run_change(run_change(first, last, alpha), steps[0], steps[-1], alpha)
+    return "\n".join(lines)
 
 
 def format_comparison(

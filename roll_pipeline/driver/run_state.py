@@ -67,6 +67,8 @@ class RunState:
             "reward_moments": self.reward_moments.state_dict(),
             "history": {str(k): v for k, v in self.history.items()},
             "val_outcomes": None if self.val_outcomes is None else outcomes_table(self.val_outcomes),
+            "first_val": None if self.first_val_outcomes is None else {
+                "step": self.first_val_step, "outcomes": outcomes_table(self.first_val_outcomes)},
             "mixer": self.mix_state.state_dict(),
             "mlflow_run_id": self.tracker.run_id if self.tracker else None,
             "mlflow_spool": str(self.tracker.spool.path.resolve()) if self.tracker else None,
@@ -92,6 +94,9 @@ class RunState:
         self.history = {int(k): v for k, v in state["history"].items()}
         saved_outcomes = state.get("val_outcomes")  # absent from checkpoints written before it was kept
         self.val_outcomes = None if saved_outcomes is None else outcomes_from_table(saved_outcomes)
+        first = state.get("first_val")  # absent from checkpoints written before it was kept: no change at the end
+        if first is not None:
+            self.first_val_outcomes, self.first_val_step = outcomes_from_table(first["outcomes"]), first["step"]
         if state.get("mixer") is not None:
             self.mix_state = MixState.from_state(state["mixer"])
         self.global_step = state["step"]

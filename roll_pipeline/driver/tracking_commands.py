@@ -15,6 +15,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from roll_pipeline.driver.report import (
         format_comparison,
         format_report,
+        format_run_change_report,
         last_validation_outcomes,
         load_report,
     )
@@ -27,6 +28,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         report = load_report(args.run, args.tracking_uri)
         if args.other is None:
             echo(format_report(report, max_columns=args.columns))
+            echo("")
+            echo(format_run_change_report(report, args.alpha))
             return 0
         other = load_report(args.other, args.tracking_uri)
         outcomes = [last_validation_outcomes(r) for r in (report, other)]
