@@ -123,3 +123,10 @@ def test_a_change_whose_p_value_is_exactly_alpha_is_not_a_regression():
     first, last = code_outcomes("list", [True] * 5), code_outcomes("list", [False] * 5)  # p = 0.0625
     (_, code, _) = run_change(first, last, alpha=0.0625)
     assert code.kind == "domain" and code.change.p_adjusted == 0.0625 and not code.change.regressed
+
+
+def test_a_domain_named_all_is_a_domain_of_its_own():
+    first = {f"all/{i}": PromptOutcome("x", 0, 1) for i in range(8)} | outcomes_of("add", [True] * 8)
+    last = {f"all/{i}": PromptOutcome("x", 1, 1) for i in range(8)} | outcomes_of("add", [True] * 8)
+    rows = [(r.kind, r.name, r.change.only_after) for r in run_change(first, last)]
+    assert rows == [("all", ALL, 8), ("domain", "all", 8), ("tag", "x", 8), ("domain", "math", 0), ("tag", "add", 0)]

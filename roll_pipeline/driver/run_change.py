@@ -8,7 +8,7 @@ as a reader looks at every domain at once and, apart, at every tag.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from roll_pipeline.driver.significance import (
@@ -17,9 +17,7 @@ from roll_pipeline.driver.significance import (
     Interval,
     PromptOutcome,
     compare,
-    holm,
     intervals,
-    mcnemar_p,
 )
 
 
@@ -48,8 +46,13 @@ class ScopeChange:
         return "worse" if self.change.solved_after < self.change.solved_before else "better"
 
 
-def _restricted(outcomes: Mapping[str, PromptOutcome], keys: Iterable[str]) -> dict[str, PromptOutcome]:
-    return {k: outcomes[k] for k in keys if k in outcomes}
+def _domains_as_tags(outcomes: Mapping[str, PromptOutcome]) -> dict[str, PromptOutcome]:
+    """The outcomes with each prompt's domain in place of its tag (prefixed, so that no domain is taken for
+    ``all``), so that ``intervals`` and ``compare`` give the domains' figures."""
+    return {k: PromptOutcome(DOMAIN + prompt_domain(k), o.correct, o.scored) for k, o in outcomes.items()}
+
+
+DOMAIN = "domain:"
 
 
 def run_change(
@@ -57,41 +60,21 @@ def run_change(
     confidence: float = 0.95,
 ) -> list[ScopeChange]:
     """A run's first validation against its last, paired by prompt: ``all``, then every domain (McNemar's exact
-    test, Holm-adjusted over the domains), then every tag (Holm-adjusted over the tags, as ``compare`` does)."""
+    test, Holm-adjusted over the domains), each followed by its tags (Holm-adjusted over the tags, as ``compare``
+    does)."""
     ci_first, ci_last = intervals(first, confidence), intervals(last, confidence)
     by_tag = compare(first, last, alpha)
-    domains = sorted({prompt_domain(k) for k in (*first, *last)})
-    domain_counts: dict[str, tuple[int, ...]] = {}
-    domain_ci: dict[str, tuple[Interval | None, Interval | None]] = {}
-    for domain in domains:
-        keys_first = [k for k in first if prompt_domain(k) == domain]
-        keys_last = [k for k in last if prompt_domain(k) == domain]
-        domain_ci[domain] = (
-            intervals(_restricted(first, keys_first), confidence)[ALL] if keys_first else None,
-            intervals(_restricted(last, keys_last), confidence)[ALL] if keys_last else None,
-        )
-        pairs = [(first[k].solved, last[k].solved) for k in keys_last if k in first]
-        if pairs:
-            domain_counts[domain] = (
-                len(pairs),
-                sum(b for b, _ in pairs),
-                sum(a for _, a in pairs),
-                sum(b and not a for b, a in pairs),
-                sum(a and not b for b, a in pairs),
-            )
-    raw = {d: mcnemar_p(c[3], c[4]) for d, c in domain_counts.items()}
-    adjusted = holm(raw)
+    domain_first, domain_last = _domains_as_tags(first), _domains_as_tags(last)
+    dci_first, dci_last = intervals(domain_first, confidence), intervals(domain_last, confidence)
+    by_domain = compare(domain_first, domain_last, alpha)
     # Each tag is listed under the first domain (in sorted order) whose prompts carry it.
     tag_domain: dict[str, str] = {}
     for key, outcome in sorted([*first.items(), *last.items()], key=lambda kv: prompt_domain(kv[0])):
         tag_domain.setdefault(outcome.tag, prompt_domain(key))
     rows = [ScopeChange("all", ALL, ci_first.get(ALL), ci_last.get(ALL), by_tag.get(ALL))]
-    for domain in domains:
-        change = None
-        if domain in domain_counts:
-            n, sb, sa, ob, oa = domain_counts[domain]
-            change = Change(n, sb, sa, ob, oa, raw[domain], adjusted[domain], adjusted[domain] < alpha and sa < sb)
-        rows.append(ScopeChange("domain", domain, *domain_ci[domain], change))
+    for domain in sorted(set(tag_domain.values())):
+        scope = DOMAIN + domain
+        rows.append(ScopeChange("domain", domain, dci_first.get(scope), dci_last.get(scope), by_domain.get(scope)))
         tags = sorted(t for t, d in tag_domain.items() if d == domain)
         rows += [ScopeChange("tag", t, ci_first.get(t), ci_last.get(t), by_tag.get(t)) for t in tags]
     return rows
