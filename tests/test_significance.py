@@ -230,4 +230,3 @@ def test_report_of_a_run_without_per_prompt_outcomes_says_so(tmp_path, file_stor
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert "no per-prompt outcomes" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--alpha", "2"]) == 2
-

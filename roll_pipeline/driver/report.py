@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roll_pipeline.driver.run_change import format_run_change, run_change
+from roll_pipeline.driver.run_change import ci_text, format_run_change, run_change
 from roll_pipeline.driver.significance import (
     ALL,
-    Interval,
     PromptOutcome,
     compare,
     intervals,
@@ -247,6 +246,11 @@ def load_report(target: str, uri: str | None = None) -> RunReport:
     return RunReport(run_id, run.info.run_name or "", run.info.status, uri, accuracy, latest)
 
 
+def validation_steps(report: RunReport) -> list[int]:
+    """The steps at which the run validated, in order."""
+    return sorted({step for series in report.accuracy.values() for step in series})
+
+
 def _pick_steps(steps: list[int], most: int) -> list[int]:
     if len(steps) <= most:
         return steps
@@ -262,7 +266,7 @@ def format_report(report: RunReport, max_columns: int = 8) -> str:
         lines.append("no validation metrics logged")
         return "\n".join(lines)
     width = max(12, *(len(s) + 2 for s in scopes))
-    steps = sorted({step for series in report.accuracy.values() for step in series})
+    steps = validation_steps(report)
     shown = _pick_steps(steps, max_columns)
     lines += [
         "",
@@ -309,10 +313,6 @@ def format_report(report: RunReport, max_columns: int = 8) -> str:
 
 
 # ------------------------------------------------------------------------------------ roll report A B
-
-
-def validation_steps(report: RunReport) -> list[int]:
-    return sorted({step for series in report.accuracy.values() for step in series})
 
 
 def validation_outcomes(report: RunReport, step: int) -> dict[str, PromptOutcome]:
@@ -396,9 +396,3 @@ def format_comparison(
             tail = f"{change.paired:>8}{change.difference:>+8.3f}{change.p_adjusted:>8.3f}  {flag}"
         lines.append(f"{scope:<{width}}" + "".join(f"{c:>24}" for c in cells) + tail)
     return "\n".join(lines)
-
-
-def ci_text(interval: Interval | None) -> str:
-    if interval is None:
-        return "-"
-    return f"{interval.accuracy:.3f} [{interval.low:.2f}, {interval.high:.2f}]"

@@ -95,7 +95,7 @@ def format_run_change(rows: Sequence[ScopeChange], first_step: int, last_step: i
     ]
     for r in rows:
         label = INDENT[r.kind] + r.name
-        cells = f"{_ci_cell(r.first):>22}{_ci_cell(r.last):>22}"
+        cells = f"{ci_text(r.first):>22}{ci_text(r.last):>22}"
         if r.change is None:
             lines.append(f"{label:<{width}}{cells}{'-':>9}{'-':>8}  {r.verdict(alpha)}")
         else:
@@ -110,7 +110,8 @@ def format_run_change(rows: Sequence[ScopeChange], first_step: int, last_step: i
     return lines
 
 
-def _ci_cell(interval: Interval | None) -> str:
+def ci_text(interval: Interval | None) -> str:
+    """An accuracy and its interval in a table cell; "-" where the scope had no prompt."""
     if interval is None:
         return "-"
     return f"{interval.accuracy:.3f} [{interval.low:.2f}, {interval.high:.2f}]"
