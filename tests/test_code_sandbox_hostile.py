@@ -71,21 +71,29 @@ def canary():
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def other_workers_processes() -> set[int]:
-    """Processes under the other pytest-xdist workers (`make test` runs two): their runs' sandboxes are theirs to
-    check, not leftovers of this one's. The workers are this process's siblings; without xdist the set holds what
-    runs beside pytest under its parent (make), none of it a sandbox."""
+def runs_elsewhere(pid: int) -> bool:
+    """Whether a process belongs to a run that is not this test's: one under another pytest-xdist worker (`make
+    test` runs two) or under a Ray process (the sandboxes of a reward worker of another test's pipeline, whose Ray
+    cluster may have been started detached, outside every pytest worker). This test scores in-process, so its own
+    sandboxes are this process's descendants, or orphans (adopted by init or a subreaper), never a Ray process's."""
     import psutil
 
     me = os.getpid()
-    found: set[int] = set()
-    with contextlib.suppress(psutil.Error):
-        for sibling in psutil.Process(os.getppid()).children():
-            if sibling.pid != me:
-                found.add(sibling.pid)
-                with contextlib.suppress(psutil.Error):
-                    found.update(p.pid for p in sibling.children(recursive=True))
-    return found
+    try:
+        ancestors = psutil.Process(pid).parents()
+        siblings = {p.pid for p in psutil.Process(os.getppid()).children()} - {me}
+    except psutil.Error:
+        return False
+    for ancestor in ancestors:
+        if ancestor.pid == me:
+            return False
+        if ancestor.pid in siblings:
+            return True
+        with contextlib.suppress(psutil.Error):
+            name = ancestor.name()
+            if name == "raylet" or name.startswith("ray::"):
+                return True
+    return False
 
 
 def leftover_processes() -> list[str]:
@@ -94,7 +102,6 @@ def leftover_processes() -> list[str]:
     # A sandbox's command line carries the harness's source, or the loader of its compiled form (the usual case).
     signatures = (HARNESS_SOURCE[:200].encode(), LOAD_HARNESS.encode(), MARKER.encode())
     found = []
-    others = None
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -104,10 +111,9 @@ def leftover_processes() -> list[str]:
         except OSError:
             continue
         zombie_bwrap = stat.split(" ", 2)[1] == "(bwrap)" and stat.rsplit(")", 1)[1].split()[0] == "Z"
-        if any(signature in cmdline for signature in signatures) or zombie_bwrap:
-            others = other_workers_processes() if others is None else others
-            if int(proc.name) not in others:
-                found.append(f"{proc.name}: {stat[:40]} {cmdline[:80]!r}")
+        if (any(signature in cmdline for signature in signatures) or zombie_bwrap) and not runs_elsewhere(
+                int(proc.name)):
+            found.append(f"{proc.name}: {stat[:40]} {cmdline[:80]!r}")
     return found
 
 
