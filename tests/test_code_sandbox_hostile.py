@@ -90,8 +90,9 @@ def runs_elsewhere(pid: int) -> bool:
         if ancestor.pid in siblings:
             return True
         with contextlib.suppress(psutil.Error):
-            name = ancestor.name()
-            if name == "raylet" or name.startswith("ray::"):
+            # Ray titles its workers "ray::<class>..." in their command line (not always in their name)
+            title = " ".join(ancestor.cmdline()[:1]) or ancestor.name()
+            if ancestor.name() == "raylet" or title.startswith("ray::") or title.endswith("/raylet"):
                 return True
     return False
 
