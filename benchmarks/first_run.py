@@ -21,13 +21,13 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.harness import machine, wait_for_quiet
+from benchmarks.summary import spread
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,10 +77,10 @@ def describe(results: list[ScopeResult], seeds: list[int]) -> list[str]:
     lines = []
     for scope in dict.fromkeys(r.scope for r in results):
         mine = [r for r in results if r.scope == scope]
-        changes = [r.change for r in mine]
+        change = spread([r.change for r in mine])
         better = sum(r.verdict == "better" for r in mine)
-        lines.append(f"{scope:<10} change over {len(mine)} of {len(seeds)} seeds: min {min(changes):+.3f}, median "
-                     f"{statistics.median(changes):+.3f}, max {max(changes):+.3f}; a significant gain on {better}")
+        lines.append(f"{scope:<10} change over {change.n} of {len(seeds)} seeds: min {change.low:+.3f}, median "
+                     f"{change.median:+.3f}, max {change.high:+.3f}; a significant gain on {better}")
     return lines
 
 
