@@ -10,6 +10,7 @@ look like, so a leak would score 1, and the failure kind must be ``wrong_answer`
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -21,9 +22,11 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from workers.rewards.code_sandbox import CodeSandboxScorer
+from workers.rewards.sandbox import cgroup
 from workers.rewards.sandbox.isolation import LOAD_HARNESS
 from workers.rewards.sandbox.layers import IsolationUnavailable
 from workers.rewards.sandbox.prestarted import SandboxPool
@@ -71,21 +74,33 @@ def canary():
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def runs_elsewhere(pid: int) -> bool:
-    """Whether a process belongs to a run that is not this test's: one under another pytest-xdist worker (`make
-    test` runs two) or under a Ray process (the sandboxes of a reward worker of another test's pipeline, whose Ray
-    cluster may have been started detached, outside every pytest worker). This test scores in-process, so its own
-    sandboxes are this process's descendants, or orphans (adopted by init or a subreaper), never a Ray process's."""
-    import psutil
+def runs_elsewhere(pid: int, workers: frozenset[int] = frozenset()) -> bool:
+    """Whether a sandbox process belongs to a run that is not this test's (`make test` runs two pytest workers,
+    and other tests' pipelines have reward workers of their own, some in a Ray cluster started detached).
+    ``workers``: other scoring processes whose sandboxes count as this test's (ones it started, maybe killed).
 
+    A sandbox's harness and every process its program starts are in a memory cgroup named for the worker that
+    made it (workers/rewards/sandbox/cgroup.py; born inside, they cannot leave), so that cgroup, the process's own
+    or that of a process below it (a bubblewrap stays in its worker's cgroup, its child is inside), names the run.
+    Without one (a bubblewrap caught in its set-up, a host without memory cgroups), the ancestry decides: under
+    this process or one of ``workers`` -> this test's; under the other pytest worker or a Ray process -> another
+    run's. Left: orphans. This test's bubblewraps are its children until it reaps them, so an orphan is this
+    test's only if a worker of its own was killed (``workers``) or the host has no cgroups to tell runs apart."""
     me = os.getpid()
+    mine = workers | {me}
     try:
-        ancestors = psutil.Process(pid).parents()
+        proc = psutil.Process(pid)
+        family = [proc, *proc.children(recursive=True)]
+        ancestors = proc.parents()
         siblings = {p.pid for p in psutil.Process(os.getppid()).children()} - {me}
     except psutil.Error:
         return False
+    for member in family:
+        worker = cgroup.process_creator(member.pid)
+        if worker is not None:
+            return worker not in mine
     for ancestor in ancestors:
-        if ancestor.pid == me:
+        if ancestor.pid in mine:
             return False
         if ancestor.pid in siblings:
             return True
@@ -94,10 +109,30 @@ def runs_elsewhere(pid: int) -> bool:
             title = " ".join(ancestor.cmdline()[:1]) or ancestor.name()
             if ancestor.name() == "raylet" or title.startswith("ray::") or title.endswith("/raylet"):
                 return True
-    return False
+    return not workers and sandbox_cgroups()
 
 
-def leftover_processes() -> list[str]:
+@functools.cache
+def sandbox_cgroups() -> bool:
+    """Whether this host gives each sandbox a memory cgroup (then a sandbox's processes name their worker)."""
+    return cgroup.find_memory_cgroups()[0] is not None
+
+
+def lineage(pid: int) -> str:
+    """A process and its ancestors, each with its name, state and the worker named by its sandbox cgroup: what
+    an assertion shows of a leftover, so that its owner can be found after it is gone."""
+    links = []
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        for member in [proc, *proc.parents()]:
+            with contextlib.suppress(psutil.Error):
+                name, status = member.name(), member.status()
+                title = " ".join(member.cmdline())[:60]
+                links.append(f"{member.pid} {name} ({status}, cgroup of {cgroup.process_creator(member.pid)}) {title!r}")
+    return " <- ".join(links) + f" [this test: {os.getpid()}, its parent {os.getppid()}]"
+
+
+def leftover_processes(workers: frozenset[int] = frozenset()) -> list[str]:
     """Processes of a sandbox run still on the host: harness copies, our marked sleepers, unreaped bubblewraps
     (those of another test worker's runs aside)."""
     # A sandbox's command line carries the harness's source, or the loader of its compiled form (the usual case).
@@ -113,8 +148,8 @@ def leftover_processes() -> list[str]:
             continue
         zombie_bwrap = stat.split(" ", 2)[1] == "(bwrap)" and stat.rsplit(")", 1)[1].split()[0] == "Z"
         if (any(signature in cmdline for signature in signatures) or zombie_bwrap) and not runs_elsewhere(
-                int(proc.name)):
-            found.append(f"{proc.name}: {stat[:40]} {cmdline[:80]!r}")
+                int(proc.name), workers):
+            found.append(f"{proc.name}: {stat[:40]} {cmdline[:80]!r}; lineage {lineage(int(proc.name))}")
     return found
 
 
@@ -744,6 +779,7 @@ def test_slow_stdio_tests_end_in_a_score_before_the_reward_workers_limit_masks_t
     with RewardWorker("code", "code_sandbox", {"timeout_s": 2.0, "concurrency": 1}, timeout_s=6.0, processes=1) as w:
         (record,) = w.score_batch([{"response": SLOW_AND_WRONG, "ground_truth": "", "test_cases": tests}])
         stats = w.stats()
+        workers = frozenset(p.pid for p in psutil.Process().children(recursive=True))  # its scoring processes
     assert record.mask_reason is None, record
     assert (record.score, record.correct) == (0.0, False)
     assert record.metrics["timeout"] == 1.0 or record.metrics["wrong_answer"] == 1.0
@@ -754,9 +790,9 @@ def test_slow_stdio_tests_end_in_a_score_before_the_reward_workers_limit_masks_t
     scorer.close()
     CodeSandboxScorer(concurrency=1).close()
     deadline = time.monotonic() + 30.0
-    while leftover_processes() and time.monotonic() < deadline:
+    while leftover_processes(workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert leftover_processes() == []
+    assert leftover_processes(workers) == []
 
 
 # ---- honest programs (must score 1) ----
@@ -862,8 +898,8 @@ def square(x):
 """
 
 
-def marked_processes() -> list[str]:
-    return [p for p in leftover_processes() if MARKER in p]
+def marked_processes(workers: frozenset[int]) -> list[str]:
+    return [p for p in leftover_processes(workers) if MARKER in p]
 
 
 @pytest.mark.slow
@@ -872,26 +908,27 @@ def test_nothing_outlives_a_scoring_process_killed_mid_run(scorer):
     root = str(Path(__file__).resolve().parent.parent)
     script = SCORING_PROCESS.format(root=root, code=DISARMS_AND_HIDES)
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    worker = frozenset({process.pid})
     try:
         assert process.stdout.readline() == b"scoring\n"
         deadline = time.monotonic() + 60.0
-        while not marked_processes() and time.monotonic() < deadline:
+        while not marked_processes(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert marked_processes(), "the program's hidden child never started"
+        assert marked_processes(worker), "the program's hidden child never started"
         process.kill()  # SIGKILL: no finalizer, no atexit, no pool.close()
         process.wait()
         # The program's processes die with the worker, at once: nothing they do can keep them.
         deadline = time.monotonic() + 30.0
-        while marked_processes() and time.monotonic() < deadline:
+        while marked_processes(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert marked_processes() == []
+        assert marked_processes(worker) == []
         # What the dead worker could not clean up itself (a spare sandbox caught in bubblewrap's set-up, the empty
         # cgroups) goes when the next scorer starts.
         CodeSandboxScorer(concurrency=1).close()
         deadline = time.monotonic() + 30.0
-        while leftover_processes() and time.monotonic() < deadline:
+        while leftover_processes(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert leftover_processes() == []
+        assert leftover_processes(worker) == []
         base = scorer.spec.memory_cgroups.base
         assert not [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{process.pid}-")]
     finally:
@@ -1010,7 +1047,7 @@ def test_a_worker_that_exits_without_closing_leaves_nothing(scorer):
         )
         assert done.returncode == 0, done.stderr[-2000:]
         pid = int(done.stdout)
-        assert leftover_processes() == []
+        assert leftover_processes(frozenset({pid})) == []
         assert not [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{pid}-")]
 
 
@@ -1061,8 +1098,6 @@ def test_an_orphan_and_the_sandbox_process_it_leaves_go_in_one_sweep(scorer):
     and under it the namespace's first process (still bubblewrap, not yet the harness): init adopts that one only
     once the outer one is dead. One sweep, as a new scorer makes at its start, must take both (a sweep that killed
     the outer one alone left the inner one on the host until the next scorer started)."""
-    import psutil
-
     uid = ORPHAN_UID
     python = scorer.spec.python
     inner = [python, "-c", "import time; time.sleep(600)", LOAD_HARNESS]

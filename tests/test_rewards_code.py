@@ -19,7 +19,7 @@ import pytest
 
 from workers.rewards import code_sandbox
 from workers.rewards.code_sandbox import CodeSandboxScorer
-from workers.rewards.sandbox.cgroup import locate
+from workers.rewards.sandbox.cgroup import creator, locate
 from workers.rewards.sandbox.formats import (
     CallTests,
     CheckedTests,
@@ -784,3 +784,12 @@ def test_the_sample_budget_fits_inside_the_reward_workers_limit():
     assert fit({}, 30.0)["sample_timeout_s"] == 20.0  # the default, already inside 30 s less its margin
     assert fit({"timeout_s": 2.0}, 10.0) == {"timeout_s": 2.0, "sample_timeout_s": 8.0}
     assert fit({"sample_timeout_s": 5.0}, 10.0) == {"sample_timeout_s": 5.0}  # given: checked when the config loads
+
+
+@pytest.mark.parametrize(
+    ("name", "worker"),
+    [("roll-sandbox-4242-7", 4242), ("roll-sandbox-1-0", 1), ("roll-sandbox-4242", None), ("jobs", None),
+     ("roll-sandbox-x-1", None), ("pre-roll-sandbox-4242-7", None)],
+)
+def test_a_sandbox_cgroup_names_the_worker_that_made_it(name, worker):
+    assert creator(name) == worker

@@ -139,8 +139,8 @@ def remove_orphans(base: str) -> list[str]:
     removed = []
     with contextlib.suppress(OSError):
         for name in os.listdir(base):
-            match = _NAME.fullmatch(name)
-            if match is None or _alive(int(match.group(1))):
+            worker = creator(name)
+            if worker is None or _alive(worker):
                 continue
             path = os.path.join(base, name)
             if remove(path, wait_s=0.0) or (_kill_members(path) and remove(path, wait_s=ORPHAN_WAIT_S)):
@@ -167,6 +167,27 @@ def _kill_members(path: str) -> bool:
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pid), 9)
     return True
+
+
+def creator(name: str) -> int | None:
+    """The pid of the worker that made the sandbox cgroup named ``name`` (names carry it), or ``None`` if ``name``
+    is not a sandbox cgroup's."""
+    match = _NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def process_creator(pid: int) -> int | None:
+    """The pid of the worker whose sandbox cgroup process ``pid`` is in (its program's processes are born there
+    and cannot leave), or ``None`` if it is in none (or is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        worker = creator(line.rsplit("/", 1)[-1])
+        if worker is not None:
+            return worker
+    return None
 
 
 def _alive(pid: int) -> bool:
