@@ -67,8 +67,15 @@ OUTPUTS = ["3\n", "7\n", "18\n"]
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_verdicts_are_those_of_a_run_per_test(scorer, name):
-    batched = outcomes(scorer, PROGRAMS[name], INPUTS, OUTPUTS, batch_from=2)
-    alone = outcomes(scorer, PROGRAMS[name], INPUTS, OUTPUTS, batch_from=10**9)
+    # A wall-clock verdict is the machine's load as much as the program's: in `make test` (2026-12-01, the other
+    # pytest worker busy) the memory program's batched run came out "timeout" on all three tests, where it takes
+    # 0.37 s on an idle machine. So a difference where one side is a timeout is measured again (twice at most);
+    # any other difference, or one that stays, fails.
+    for _ in range(3):
+        batched = outcomes(scorer, PROGRAMS[name], INPUTS, OUTPUTS, batch_from=2)
+        alone = outcomes(scorer, PROGRAMS[name], INPUTS, OUTPUTS, batch_from=10**9)
+        if not any(one != other and "timeout" in (one, other) for one, other in zip(batched, alone, strict=False)):
+            break
     assert batched == alone
 
 
