@@ -90,15 +90,16 @@ def runs_elsewhere(pid: int, workers: frozenset[int] = frozenset()) -> bool:
     mine = workers | {me}
     try:
         proc = psutil.Process(pid)
-        family = [proc, *proc.children(recursive=True)]
+        worker = cgroup.process_creator(pid)
+        if worker is None:
+            below = (cgroup.process_creator(child.pid) for child in proc.children(recursive=True))
+            worker = next((owner for owner in below if owner is not None), None)
+        if worker is not None:
+            return worker not in mine
         ancestors = proc.parents()
         siblings = {p.pid for p in psutil.Process(os.getppid()).children()} - {me}
     except psutil.Error:
         return False
-    for member in family:
-        worker = cgroup.process_creator(member.pid)
-        if worker is not None:
-            return worker not in mine
     for ancestor in ancestors:
         if ancestor.pid in mine:
             return False
@@ -132,9 +133,9 @@ def lineage(pid: int) -> str:
     return " <- ".join(links) + f" [this test: {os.getpid()}, its parent {os.getppid()}]"
 
 
-def leftover_processes(workers: frozenset[int] = frozenset()) -> list[str]:
-    """Processes of a sandbox run still on the host: harness copies, our marked sleepers, unreaped bubblewraps
-    (those of another test worker's runs aside)."""
+def sandbox_processes(workers: frozenset[int] = frozenset()) -> list[tuple[int, str, bytes]]:
+    """This run's sandbox processes still on the host, as (pid, /proc stat, command line): harness copies, our
+    marked sleepers, unreaped bubblewraps (those of other runs aside, ``runs_elsewhere``)."""
     # A sandbox's command line carries the harness's source, or the loader of its compiled form (the usual case).
     signatures = (HARNESS_SOURCE[:200].encode(), LOAD_HARNESS.encode(), MARKER.encode())
     found = []
@@ -152,8 +153,18 @@ def leftover_processes(workers: frozenset[int] = frozenset()) -> list[str]:
         zombie_bwrap = stat.split(" ", 2)[1] == "(bwrap)" and state == "Z" and parent != "1"
         if (any(signature in cmdline for signature in signatures) or zombie_bwrap) and not runs_elsewhere(
                 int(proc.name), workers):
-            found.append(f"{proc.name}: {stat[:40]} {cmdline[:80]!r}; lineage {lineage(int(proc.name))}")
+            found.append((int(proc.name), stat, cmdline))
     return found
+
+
+def leftover_processes(workers: frozenset[int] = frozenset(), wait_s: float = 0.0) -> list[str]:
+    """This run's sandbox processes still there after at most ``wait_s`` (they go as soon as they are reaped;
+    the wait bounds a hang only), each described with its lineage."""
+    deadline = time.monotonic() + wait_s
+    while sandbox_processes(workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [f"{pid}: {stat[:40]} {cmdline[:80]!r}; lineage {lineage(pid)}"
+            for pid, stat, cmdline in sandbox_processes(workers)]
 
 
 def score_hostile(scorer, code, test_cases):
@@ -162,10 +173,7 @@ def score_hostile(scorer, code, test_cases):
     result = scorer.score(code, "", test_cases=test_cases)
     elapsed = time.monotonic() - start
     scorer.close()
-    deadline = time.monotonic() + 60.0  # bounds a hang only: the processes go as soon as they are reaped
-    while leftover_processes() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert leftover_processes() == []
+    assert leftover_processes(wait_s=60.0) == []
     assert result.score == 0.0 and not result.correct
     return result, elapsed
 
@@ -792,10 +800,7 @@ def test_slow_stdio_tests_end_in_a_score_before_the_reward_workers_limit_masks_t
     # scorer closed too, so that its idle sandboxes do not count).
     scorer.close()
     CodeSandboxScorer(concurrency=1).close()
-    deadline = time.monotonic() + 30.0
-    while leftover_processes(workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert leftover_processes(workers) == []
+    assert leftover_processes(workers, wait_s=30.0) == []
 
 
 # ---- honest programs (must score 1) ----
@@ -901,8 +906,8 @@ def square(x):
 """
 
 
-def marked_processes(workers: frozenset[int]) -> list[str]:
-    return [p for p in leftover_processes(workers) if MARKER in p]
+def marked_processes(workers: frozenset[int]) -> list[int]:
+    return [pid for pid, _, cmdline in sandbox_processes(workers) if MARKER.encode() in cmdline]
 
 
 @pytest.mark.slow
@@ -924,14 +929,11 @@ def test_nothing_outlives_a_scoring_process_killed_mid_run(scorer):
         deadline = time.monotonic() + 30.0
         while marked_processes(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert marked_processes(worker) == []
+        assert marked_processes(worker) == [], leftover_processes(worker)
         # What the dead worker could not clean up itself (a spare sandbox caught in bubblewrap's set-up, the empty
         # cgroups) goes when the next scorer starts.
         CodeSandboxScorer(concurrency=1).close()
-        deadline = time.monotonic() + 30.0
-        while leftover_processes(worker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert leftover_processes(worker) == []
+        assert leftover_processes(worker, wait_s=30.0) == []
         base = scorer.spec.memory_cgroups.base
         assert not [n for n in os.listdir(base) if n.startswith(f"roll-sandbox-{process.pid}-")]
     finally:

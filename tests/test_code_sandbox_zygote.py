@@ -53,10 +53,7 @@ CLEAN = {"tmp": [], "shm": [], "processes": [], "tmp_writable": True}
 
 def no_leftovers() -> bool:
     """Whether the host is free of the runs' processes (killed ones may take a moment to be reaped)."""
-    deadline = time.monotonic() + 60.0  # bounds a hang only
-    while leftover_processes() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return leftover_processes() == []
+    return leftover_processes(wait_s=60.0) == []
 
 
 @pytest.fixture(scope="module")
