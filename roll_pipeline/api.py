@@ -1,5 +1,6 @@
-"""The entry points that code outside the package (the benchmarks, a user's own scripts) builds on, by one name
-each, wherever the code behind them lives: a refactoring that moves one changes this table, not its callers.
+"""The entry points that code outside the project (the benchmarks, a reward plugin, a user's own scripts) builds
+on, by one name each, wherever the code behind them lives: a refactoring that moves one changes this table, not
+its callers.
 
 Names load on first use (`roll_pipeline.api.RLVRPipeline` imports the pipeline then, not at `import
 roll_pipeline.api`). tests/test_api.py resolves every name, and holds benchmarks/ to importing the project only
@@ -20,19 +21,26 @@ ENTRY_POINTS: dict[str, str] = {
     "worker_env": "roll_pipeline.driver.runtime:worker_env",
     "Cluster": "roll_pipeline.distributed.cluster:Cluster",
     # data and batches
-    "Batch": "roll_pipeline.batch:Batch",
-    "load_rows": "roll_pipeline.data.loading:load_rows",
-    "encode_prompt": "roll_pipeline.data.loading:encode_prompt",
-    "collate_prompts": "roll_pipeline.data.loading:collate_prompts",
+    "Batch": "roll_core.batch:Batch",
+    "load_rows": "roll_core.data.loading:load_rows",
+    "encode_prompt": "roll_core.data.loading:encode_prompt",
+    "collate_prompts": "roll_core.data.loading:collate_prompts",
     # models
     "load_tokenizer": "workers.strategies.loading:load_tokenizer",
     "eos_token_ids": "workers.strategies.loading:eos_token_ids",
     "truncate_at_eos": "workers.strategies.hf_infer:truncate_at_eos",
-    "batched_log_probs": "roll_pipeline.models.forward:batched_log_probs",
-    "SamplingDistribution": "roll_pipeline.models.sampling:SamplingDistribution",
+    "batched_log_probs": "roll_core.models.forward:batched_log_probs",
+    "SamplingDistribution": "roll_core.models.sampling:SamplingDistribution",
     # algorithms
-    "ADVANTAGES": "roll_pipeline.algorithms:ADVANTAGES",
-    "place_at_last_token": "roll_pipeline.algorithms.advantages:place_at_last_token",
+    "ADVANTAGES": "roll_core.algorithms:ADVANTAGES",
+    "place_at_last_token": "roll_core.algorithms.advantages:place_at_last_token",
+    # a reward plugin: the scorer contract and its registry
+    "RewardScorer": "roll_core.rewards.scorer:RewardScorer",
+    "BatchedRewardScorer": "roll_core.rewards.scorer:BatchedRewardScorer",
+    "RewardResult": "roll_core.rewards.scorer:RewardResult",
+    "reward_sample": "roll_core.rewards.scorer:reward_sample",
+    "ScoredSample": "roll_core.rewards.scored:ScoredSample",
+    "register_reward_worker": "workers.rewards.registry:register_reward_worker",
     # workers
     "ActorTrainWorker": "workers.actor_train:ActorTrainWorker",
     "ActorInferWorker": "workers.actor_infer:ActorInferWorker",

@@ -36,15 +36,15 @@ import ray
 import torch
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.config import GeneratingArgs, PipelineConfig
-from roll_pipeline.data.loading import prompt_messages
+from roll_core.batch import Batch
+from roll_core.config import GeneratingArgs, PipelineConfig
+from roll_core.data.loading import prompt_messages
+from roll_core.rewards.scored import MASK_WORKER_LOST, ScoredSample
+from roll_core.rewards.scorer import reward_sample
 from schedulers.filters import filter_group
 from schedulers.ledger import DifficultyLedger
 from workers.actor_infer import StaleWeightsError
-from workers.rewards.base import reward_sample
 from workers.rewards.combine import Component, combine
-from workers.rewards.scored import MASK_WORKER_LOST, ScoredSample
 from workers.rewards.worker import domain_metrics
 
 logger = logging.getLogger(__name__)

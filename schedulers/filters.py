@@ -5,7 +5,7 @@ A *group filter* sees one prompt's group of scored responses and says whether th
 whether it stays in the loss; a response it rejects is kept in the batch with ``sample_mask`` 0, so every group
 keeps its size, and the group filters then see only the responses that stayed.
 
-Each record is a ``workers.rewards.scored.ScoredSample`` with ``response_length`` and ``finish_reason`` (``stop``
+Each record is a ``roll_core.rewards.scored.ScoredSample`` with ``response_length`` and ``finish_reason`` (``stop``
 or ``length``) set; its ``score`` is None when the reward worker masked it.
 
 Configured under ``rewards.<domain>``::
@@ -20,8 +20,8 @@ import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from roll_pipeline.registry import GROUP_FILTERS, RESPONSE_FILTERS, Registry
-from workers.rewards.scored import ScoredSample
+from roll_core.registry import GROUP_FILTERS, RESPONSE_FILTERS, Registry
+from roll_core.rewards.scored import ScoredSample
 
 
 def _scores(group: list[ScoredSample]) -> list[float]:

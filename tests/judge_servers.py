@@ -197,11 +197,11 @@ def assert_judges_own_verdicts(records: list[dict], rows: list[dict], model_dir:
 
     Own: equal to those of its greedy replies computed in this process from the same weights (the served path adds
     the template, the round trip, batching and the verdict parser). A judge's: right more often than a sound
-    build's least (roll_pipeline/models/embedded.py), and not one verdict for everything. How often right depends
+    build's least (roll_core/models/embedded.py), and not one verdict for everything. How often right depends
     on the build, so on the processor that built it: 43, 34, 42 and 40 of the first 48 rows on the builds of seeds
     0-3 (AMD EPYC, 2026-11-25), so a bound near 0.85 would fail on some machines' builds.
     """
-    from roll_pipeline.models.embedded import EMBEDDED_MODELS
+    from roll_core.models.embedded import EMBEDDED_MODELS
     from roll_pipeline.models.tiny_judge import judge_verdicts
 
     assert len(rows) == 48

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from roll_pipeline.config import load_config
+from roll_core.config import load_config
+from roll_core.models.forward import response_logits
 from roll_pipeline.distributed.cluster import Cluster
-from roll_pipeline.models.forward import response_logits
 from tests.conftest import EXAMPLES
 from tests.test_objective import objective_overrides, reference_objective
 from tests.test_zero import SAMPLES, training_batch

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from roll_pipeline.algorithms import (
+from roll_core.algorithms import (
     ADVANTAGES,
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -18,7 +18,7 @@ from roll_pipeline.algorithms import (
     aggregate_loss,
     batch_normalizer,
 )
-from roll_pipeline.algorithms.advantages import (
+from roll_core.algorithms.advantages import (
     advantage_metrics,
     discounted_returns,
     group_statistics,
@@ -26,9 +26,9 @@ from roll_pipeline.algorithms.advantages import (
     place_at_last_token,
     postprocess_advantages,
 )
-from roll_pipeline.algorithms.kl import kl_penalty_rewards
-from roll_pipeline.algorithms.value import clipped_value_loss
-from roll_pipeline.registry import Registry
+from roll_core.algorithms.kl import kl_penalty_rewards
+from roll_core.algorithms.value import clipped_value_loss
+from roll_core.registry import Registry
 
 grpo = ADVANTAGES.get("grpo")
 gae = ADVANTAGES.get("gae")

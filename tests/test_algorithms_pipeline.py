@@ -9,14 +9,14 @@ import math
 import pytest
 import torch
 
-from roll_pipeline.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, batch_normalizer
-from roll_pipeline.algorithms.advantages import advantage_metrics
-from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.config import ConfigError
+from roll_core.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, batch_normalizer
+from roll_core.algorithms.advantages import advantage_metrics
+from roll_core.batch import Batch, loss_mask
+from roll_core.config import ConfigError
+from roll_core.models.forward import log_probs_from_logits
 from roll_pipeline.driver import pipeline as pipeline_module
 from roll_pipeline.driver.names import load_run_config
 from roll_pipeline.driver.pipeline import RLVRPipeline
-from roll_pipeline.models.forward import log_probs_from_logits
 from tests.conftest import EXAMPLES
 from workers.actor_train import policy_objective
 from workers.critic import CriticWorker, value_objective

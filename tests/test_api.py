@@ -36,7 +36,7 @@ def test_benchmarks_import_the_project_only_through_the_api():
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
             for name in names:
-                if name.split(".")[0] in ("roll_pipeline", "workers", "schedulers") and name != "roll_pipeline.api":
+                if name.split(".")[0] in ("roll_core", "roll_pipeline", "workers", "schedulers") and name != "roll_pipeline.api":
                     offenders.append(f"{path.name}:{node.lineno} imports {name}")
     assert offenders == []
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roll_pipeline.console import EXIT_USAGE
+from roll_core.console import EXIT_USAGE
 from roll_pipeline.driver.cli import main
 from tests.conftest import EXAMPLES
 

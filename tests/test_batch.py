@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll_pipeline.batch import Batch
+from roll_core.batch import Batch
 
 
 def make(n: int, width: int = 3) -> Batch:
@@ -84,7 +84,7 @@ def test_concat_pads_each_part_by_its_own_shortfall():
 
 
 def test_loss_mask_is_the_response_mask_of_the_samples_in_the_loss():
-    from roll_pipeline.batch import loss_mask
+    from roll_core.batch import loss_mask
 
     b = Batch({"response_mask": torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]), "sample_mask": torch.tensor([1.0, 0.0])})
     assert loss_mask(b).tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]

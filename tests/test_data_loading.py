@@ -7,8 +7,8 @@ import json
 import datasets
 import pytest
 
-from roll_pipeline.config import DataConfig, RewardConfig
-from roll_pipeline.data.loading import (
+from roll_core.config import DataConfig, RewardConfig
+from roll_core.data.loading import (
     MAX_LISTED,
     DataError,
     check_rows,

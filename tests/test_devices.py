@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.config import load_config
-from roll_pipeline.models.forward import FULL_SOFTMAX, batched_log_probs, batched_values
+from roll_core.batch import Batch
+from roll_core.config import load_config
+from roll_core.models.forward import FULL_SOFTMAX, batched_log_probs, batched_values
 from tests.conftest import EXAMPLES
 from workers.devices import NoGPUError, worker_device
 from workers.training import global_normalizers
@@ -92,7 +92,7 @@ def test_the_normalizers_collective_gets_a_float64_tensor_on_the_training_device
 
 
 def test_hf_inference_generates_on_its_device_and_returns_cpu_tensors(tiny_model, monkeypatch):
-    from roll_pipeline.config.schema import GeneratingArgs
+    from roll_core.config.schema import GeneratingArgs
     from workers.strategies.hf_infer import HFInferStrategy
 
     cfg = load_config(EXAMPLES / "math_code.yaml", [f"actor_infer.model_args.model_name_or_path={tiny_model}"])

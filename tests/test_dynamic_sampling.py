@@ -12,12 +12,12 @@ import ray
 import torch
 from transformers import AutoTokenizer
 
-from roll_pipeline.config import GeneratingArgs, load_config
-from roll_pipeline.data.loading import encode_prompts
+from roll_core.config import GeneratingArgs, load_config
+from roll_core.data.loading import encode_prompts
+from roll_core.rewards.scorer import RewardResult, RewardScorer
 from roll_pipeline.distributed.cluster import Cluster
 from schedulers.dynamic_sampling import PromptSampler, SamplingBoundError, request_seed, start_scheduler
 from tests.conftest import EXAMPLES, TINY_MODEL
-from workers.rewards.base import RewardResult, RewardScorer
 from workers.rewards.worker import RewardWorker
 
 N = 4

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from roll_core.models.embedded import EMBEDDED_MODELS
+from roll_core.models.pretrained import PRETRAINED_MODELS
 from roll_pipeline.driver.cli import main
-from roll_pipeline.models.embedded import EMBEDDED_MODELS
-from roll_pipeline.models.pretrained import PRETRAINED_MODELS
 from tests.conftest import EXAMPLES, ROOT
 
 CPU_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("*.yaml"))

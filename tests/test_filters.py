@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from roll_core.rewards.scored import MASK_ERROR, ScoredSample
 from schedulers.filters import (
     GROUP_FILTERS,
     RESPONSE_FILTERS,
@@ -15,7 +16,6 @@ from schedulers.filters import (
     std_filter,
     truncated,
 )
-from workers.rewards.scored import MASK_ERROR, ScoredSample
 
 
 def group(*scores, finish="stop"):

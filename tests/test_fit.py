@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from roll_pipeline.config import ConfigError, load_config
+from roll_core.config import ConfigError, load_config
 from roll_pipeline.distributed.fit import ActorGroup, Node, fit_report, place, run_actors, total
 from tests.conftest import EXAMPLES
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.models.forward import (
+from roll_core.batch import Batch
+from roll_core.models.forward import (
     FULL_SOFTMAX,
     batched_log_probs,
     batched_values,
@@ -18,7 +18,7 @@ from roll_pipeline.models.forward import (
     response_logits,
     response_values,
 )
-from roll_pipeline.models.sampling import SamplingDistribution
+from roll_core.models.sampling import SamplingDistribution
 
 
 def pair_batch() -> Batch:
@@ -108,11 +108,11 @@ def test_log_probs_of_the_trainer_equal_the_generators_on_left_padded_prompts(
     """The log-probs actor_train computes for a batch (batched_log_probs, as in compute_log_probs) are those with
     which actor_infer sampled its tokens, row by row, with the same weights: prompts of different lengths (so left
     padding), a sampling temperature, top-p and top-k off, then on (the trainer applies the same truncation as
-    the sampler: roll_pipeline/models/sampling.py). Position ids counting the padding (shown by the model
+    the sampler: roll_core/models/sampling.py). Position ids counting the padding (shown by the model
     with absolute positions), a temperature applied on one side only, or generation truncating the distribution
     (a silent top-k) break this."""
-    from roll_pipeline.config import load_config
-    from roll_pipeline.data.loading import collate_prompts, encode_prompts, load_rows
+    from roll_core.config import load_config
+    from roll_core.data.loading import collate_prompts, encode_prompts, load_rows
     from tests.conftest import EXAMPLES
     from workers.strategies.hf_infer import HFInferStrategy
 

@@ -1,4 +1,4 @@
-"""Rows that share a prompt run it once (roll_pipeline/models/forward.py): the same logits, log-probs and gradients as
+"""Rows that share a prompt run it once (roll_core/models/forward.py): the same logits, log-probs and gradients as
 one forward over every row, within float rounding."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.models import forward
-from roll_pipeline.models.forward import response_logits, shared_prompts
+from roll_core.batch import Batch
+from roll_core.models import forward
+from roll_core.models.forward import response_logits, shared_prompts
 
 PAD = 0
 

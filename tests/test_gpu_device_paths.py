@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.config import load_config
-from roll_pipeline.models.forward import batched_log_probs
-from roll_pipeline.models.sampling import SamplingDistribution
+from roll_core.batch import Batch
+from roll_core.config import load_config
+from roll_core.models.forward import batched_log_probs
+from roll_core.models.sampling import SamplingDistribution
 from tests.conftest import EXAMPLES
 from tests.test_sampling import assert_sampling_matches_the_log_probs
 
@@ -50,7 +50,7 @@ def test_tokens_sampled_on_the_gpu_follow_the_log_probs_the_losses_use(gpu_strat
 def test_gpu_generation_returns_cpu_tensors_whose_log_probs_the_trainer_reproduces_on_gpu_and_cpu(tiny_model):
     """Sampled on the GPU with its log-probs; the trainer's forward on the GPU model gives the same log-probs
     (results back on the CPU), and so does the same model on the CPU."""
-    from roll_pipeline.data.loading import collate_prompts, encode_prompts, load_rows
+    from roll_core.data.loading import collate_prompts, encode_prompts, load_rows
     from workers.strategies.hf_infer import HFInferStrategy
 
     cfg = infer_section(

@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 
-from roll_pipeline.config import load_config
+from roll_core.config import load_config
 from roll_pipeline.driver.cli import main
 from roll_pipeline.driver.preflight import preflight
 from tests.conftest import EXAMPLES

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll_pipeline.config import load_config
+from roll_core.config import load_config
+from roll_core.tracking import system
 from roll_pipeline.distributed.placement import start_stages
 from roll_pipeline.driver import memory_fit
-from roll_pipeline.tracking import system
 from tests.conftest import EXAMPLES
 
 COLOCATED = EXAMPLES / "gpu" / "qwen2.5-0.5b-1x8-colocated.yaml"

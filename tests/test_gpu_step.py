@@ -13,7 +13,7 @@ import io
 import pytest
 import torch
 
-from roll_pipeline.config import load_config
+from roll_core.config import load_config
 from roll_pipeline.driver.cli import main
 from tests.conftest import EXAMPLES, ROOT, TINY_MODEL
 from workers.strategies.vllm_infer import vllm_build

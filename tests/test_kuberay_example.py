@@ -12,7 +12,7 @@ import shlex
 import ray
 import yaml
 
-from roll_pipeline.config import load_config
+from roll_core.config import load_config
 from roll_pipeline.distributed.fit import Node, fit_report, run_actors
 from tests.conftest import EXAMPLES, ROOT
 

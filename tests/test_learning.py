@@ -13,7 +13,7 @@ import json
 import pytest
 import yaml
 
-from roll_pipeline.config import load_config
+from roll_core.config import load_config
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from tests.conftest import EXAMPLES
 
@@ -88,7 +88,7 @@ def test_example_config_raises_validation_accuracy(example, extra, tmp_path, tin
     # own thread scheduling (this mode is not bitwise repeatable: requests finish in any order, so batches differ),
     # so the spread holds both sources. Without training the greedy validation is the same at both ends (gain 0),
     # so 2 sits one prompt below every measured run and two above no learning. The model the runs start from is the
-    # same on machines with the same kind of processor, not on all (roll_pipeline/models/embedded.py): the AMD
+    # same on machines with the same kind of processor, not on all (roll_core/models/embedded.py): the AMD
     # EPYC's build b26823ba passed here too, and so did the weakest of four seeds' builds (seed 2, which starts at
     # 0.156: `--seeds 1 2 --model DIR/tiny-qwen2` on 2026-11-25 gave GRPO +3/+3, DAPO +2/+6, PPO+GAE +3/+4, async
     # GRPO +5/+5; DAPO's +2 is on the bound). Before the build was pinned, a machine with other vector units built

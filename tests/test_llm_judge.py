@@ -200,7 +200,7 @@ def test_multi_domain_example_uses_the_tiny_judges_template():
 def test_gpu_example_loads_and_its_judge_options_are_valid():
     # The GPU example's models come from the hub, so `roll run --dry-run` checks it only on a GPU host; its
     # schema and the judge's options are checked here.
-    from roll_pipeline.config import load_config
+    from roll_core.config import load_config
 
     resolved = load_config(ROOT / "examples" / "gpu" / "multi_domain_vllm.yaml", [])
     judge = resolved.config.rewards["open"]

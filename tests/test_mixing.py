@@ -1,13 +1,13 @@
-"""Domain mixers (roll_pipeline/algorithms/mixing.py): pure functions of the configured probabilities and what the
+"""Domain mixers (roll_core/algorithms/mixing.py): pure functions of the configured probabilities and what the
 schedulers measured; and the config checks around them."""
 
 from __future__ import annotations
 
 import pytest
 
-from roll_pipeline.algorithms import DOMAIN_MIXERS
-from roll_pipeline.algorithms.mixing import MixState, clip_probs, observe_rollout, observe_validation
-from roll_pipeline.config import ConfigError, domain_shares
+from roll_core.algorithms import DOMAIN_MIXERS
+from roll_core.algorithms.mixing import MixState, clip_probs, observe_rollout, observe_validation
+from roll_core.config import ConfigError, domain_shares
 from roll_pipeline.driver.names import load_run_config
 from tests.conftest import EXAMPLES
 

@@ -21,12 +21,12 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from roll_pipeline.config import load_config
+from roll_core.config import load_config
+from roll_core.tracking.mlflow_tracker import server_reachable
 from roll_pipeline.driver.cli import main
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.driver.report import CHART_FILE, prompts_file, table_file
 from roll_pipeline.driver.significance import outcomes_from_table
-from roll_pipeline.tracking.mlflow_tracker import server_reachable
 from tests.conftest import EXAMPLES, ROOT
 from tests.metric_oracles import majority, pass_at, prompt_shares, wilson_by_inversion
 from tests.test_pipeline_integration import SMALL

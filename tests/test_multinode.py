@@ -9,7 +9,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster as RayTestCluster
 
-from roll_pipeline.config import load_config
+from roll_core.config import load_config
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.driver.runtime import LOCAL_RAY_SYSTEM_CONFIG, start_local_ray
 from tests.conftest import EXAMPLES

@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from roll_pipeline.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, batch_normalizer
-from roll_pipeline.algorithms.kl import K3_MAX
-from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.config import load_config
+from roll_core.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, batch_normalizer
+from roll_core.algorithms.kl import K3_MAX
+from roll_core.batch import Batch, loss_mask
+from roll_core.config import load_config
 from tests.conftest import EXAMPLES
 from workers.actor_train import policy_objective
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.config import ConfigError, load_config
+from roll_core.batch import Batch
+from roll_core.config import ConfigError, load_config
 from tests.conftest import EXAMPLES
 from workers.training import TrainedWorker
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
+from roll_core.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
 
 
 def test_golden_weights_are_the_ratio_truncated_at_the_cap():

@@ -10,8 +10,8 @@ import pytest
 import ray
 import torch
 
-from roll_pipeline.config import load_config
-from roll_pipeline.config.shares import domain_shares
+from roll_core.config import load_config
+from roll_core.config.shares import domain_shares
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.driver.runtime import start_local_ray
 from tests.conftest import EXAMPLES
@@ -104,7 +104,7 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
 
 
 def progress_probs(base, rate, *, strength, floor, ceil):
-    """The progress mixer's probabilities for two domains, from its documented rule (roll_pipeline/algorithms/
+    """The progress mixer's probabilities for two domains, from its documented rule (roll_core/algorithms/
     mixing.py): configured probability times (rate / the probability-weighted mean rate) ** strength, normalised;
     a domain past a bound is set to it and the other gets the rest."""
     mean = sum(base[d] * rate[d] for d in base)

@@ -9,8 +9,8 @@ import random
 import pytest
 import ray
 
-from roll_pipeline.config import ConfigError, load_config
-from roll_pipeline.config.devices import parse_device_mapping
+from roll_core.config import ConfigError, load_config
+from roll_core.config.devices import parse_device_mapping
 from roll_pipeline.distributed.placement import (
     ClusterDemand,
     DevicePool,

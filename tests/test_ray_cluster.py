@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE
+from roll_core.console import EXIT_FAILED, EXIT_USAGE
 from roll_pipeline.driver.runtime import LOCAL_RAY_SYSTEM_CONFIG
 from tests.conftest import EXAMPLES, TINY_MODEL
 

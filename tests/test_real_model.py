@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from roll_pipeline.config import load_config
-from roll_pipeline.driver.cli import main
-from roll_pipeline.driver.preflight import preflight
-from roll_pipeline.models.pretrained import (
+from roll_core.config import load_config
+from roll_core.models.pretrained import (
     FETCH_INFO,
     PRETRAINED_MODELS,
     FetchError,
     fetch_pretrained,
     gguf_path,
 )
+from roll_pipeline.driver.cli import main
+from roll_pipeline.driver.preflight import preflight
 from tests.conftest import EXAMPLES
 
 SMOLLM2 = EXAMPLES / "models" / "smollm2-135m-instruct"
@@ -95,7 +95,7 @@ def test_the_fetched_folder_is_the_pretrained_instruct_model(smollm2):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from roll_pipeline.models.forward import takes_logits_to_keep
+    from roll_core.models.forward import takes_logits_to_keep
     from roll_pipeline.models.tiny import weights_sha256
 
     info = json.loads((smollm2 / FETCH_INFO).read_text())

@@ -21,11 +21,11 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from roll_pipeline.config import TrackingConfig, load_config
+from roll_core.config import TrackingConfig, load_config
+from roll_core.tracking.mlflow_tracker import MlflowTracker
 from roll_pipeline.driver.checkpoint import STATE_FILE, checkpoint_root, latest_checkpoint
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.driver.runtime import start_local_ray
-from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
 from tests.conftest import EXAMPLES, ROOT
 from tests.test_tracking import read_table
 from workers.base import rng_states

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import ray
 
+from roll_core.rewards.scored import MASK_ERROR, ScoredSample
+from roll_core.rewards.scorer import RewardResult, RewardScorer
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.driver.reward_audit import RewardAuditError, run_audit
 from workers.rewards.audit import (
@@ -21,11 +23,9 @@ from workers.rewards.audit import (
     rule_checkable,
     verdict,
 )
-from workers.rewards.base import RewardResult, RewardScorer
 from workers.rewards.code_sandbox import CodeSandboxScorer
 from workers.rewards.math_rule import MathRuleScorer
 from workers.rewards.sandbox.layers import IsolationUnavailable
-from workers.rewards.scored import MASK_ERROR, ScoredSample
 from workers.rewards.worker import RewardWorker
 
 

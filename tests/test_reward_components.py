@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from roll_pipeline.config import ConfigError, load_config
+from roll_core.config import ConfigError, load_config
+from roll_core.rewards.scored import MASK_ERROR, MASK_TIMEOUT, ScoredSample
 from tests.conftest import EXAMPLES
 from workers.rewards.combine import Component, combine
-from workers.rewards.scored import MASK_ERROR, MASK_TIMEOUT, ScoredSample
 
 RULE, RM = Component("math_rule", 1.0), Component("reward_model", 0.5, "skip")
 

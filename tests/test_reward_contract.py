@@ -10,11 +10,11 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from roll_pipeline.config.loader import load_config
+from roll_core.config.loader import load_config
+from roll_core.rewards.scorer import contract_problems, reward_sample
 from roll_pipeline.driver.cli import main
 from roll_pipeline.driver.preflight import preflight
 from tests.conftest import EXAMPLES
-from workers.rewards.base import contract_problems, reward_sample
 
 
 def test_the_sample_is_the_whole_row_with_the_response():
@@ -99,7 +99,7 @@ def test_a_row_column_named_like_the_response_fails_the_data_check(tmp_path, tin
 @pytest.mark.slow
 def test_roll_run_reads_and_tokenizes_its_data_once(tmp_path, tiny_model, mlflow_db, monkeypatch):
     """The preflight checks load and encode every prompt; the run takes them from there instead of again."""
-    from roll_pipeline.data import loading
+    from roll_core.data import loading
 
     encoded = []
     real = loading.encode_prompt

@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from workers.rewards.base import RewardResult, RewardScorer
+from roll_core.rewards.scorer import RewardResult, RewardScorer
 from workers.rewards.code_sandbox import CodeSandboxScorer
 from workers.rewards.io_loop import IOScoringLoop
 from workers.rewards.llm_judge import LLMJudgeScorer

@@ -11,11 +11,11 @@ import random
 import pytest
 import torch
 
+from roll_core.rewards.scored import MASK_ERROR
 from roll_pipeline.models.tiny_reward import pairs
 from tests.conftest import EXAMPLES
 from workers.devices import NoGPUError
 from workers.rewards.reward_model import RewardModelScorer, render_conversation
-from workers.rewards.scored import MASK_ERROR
 from workers.rewards.worker import RewardWorker
 
 RM = EXAMPLES / "models" / "tiny-qwen2-rm"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import json
 import re
@@ -12,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from roll_pipeline.config.schema import RewardConfig
+from roll_core.config.schema import RewardConfig
 from roll_pipeline.driver.cli import main
 from tests.conftest import ROOT
 from workers.rewards import registry
@@ -171,3 +172,23 @@ def test_readme_commands_print_what_the_readme_shows(readme_module, capsys):
     for argv, shown in examples:
         assert main(argv) == 0, argv
         assert capsys.readouterr().out.strip() == shown, argv
+
+
+def project_imports(source: str) -> set[str]:
+    """The modules of this project that a piece of source imports."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return {n for n in names if n.split(".")[0] in ("roll_core", "roll_pipeline", "workers", "schedulers")}
+
+
+def test_a_plugin_needs_only_the_api(readme_module):
+    """The README's plugin and the example package import the project through roll_pipeline.api alone: what a
+    plugin builds on stays put when the code behind it moves."""
+    (readme_source,) = code_blocks(readme_module, "python")
+    package = ROOT / "tests" / "fixtures" / "roll_reward_plugin_example" / "roll_reward_plugin_example"
+    sources = [readme_source] + [p.read_text(encoding="utf-8") for p in package.rglob("*.py")]
+    assert [project_imports(s) for s in sources] == [{"roll_pipeline.api"}] * len(sources)

@@ -9,8 +9,8 @@ import statistics
 import pytest
 import torch
 
-from roll_pipeline.algorithms import REWARD_NORMS
-from roll_pipeline.algorithms.shaping import (
+from roll_core.algorithms import REWARD_NORMS
+from roll_core.algorithms.shaping import (
     DomainRewardMoments,
     RunningMoments,
     difficulty_mask,
@@ -19,14 +19,14 @@ from roll_pipeline.algorithms.shaping import (
     overlong_penalty,
     shape_scores,
 )
-from roll_pipeline.config.schema import (
+from roll_core.config.schema import (
     DifficultyMaskConfig,
     LengthMaskConfig,
     OverlongPenaltyConfig,
     RewardShapingConfig,
 )
+from roll_core.rewards.scored import ScoredSample
 from schedulers.filters import mean_filter
-from workers.rewards.scored import ScoredSample
 
 
 def test_registry_has_the_three_normalisations():

@@ -12,15 +12,15 @@ import time
 
 import pytest
 
+from roll_core.rewards.scored import ScoredSample
+from roll_core.rewards.scorer import RewardResult, RewardScorer
 from roll_pipeline.driver.runtime import start_local_ray
 from tests.conftest import ROOT, wait_for
 from workers.rewards import registry
-from workers.rewards.base import RewardResult, RewardScorer
 from workers.rewards.code_sandbox import CodeSandboxScorer
 from workers.rewards.math_rule import MathRuleScorer
 from workers.rewards.pool import PoolStartError
 from workers.rewards.registry import available_reward_workers, get_reward_scorer_cls, register_reward_worker
-from workers.rewards.scored import ScoredSample
 from workers.rewards.worker import RewardWorker, domain_metrics
 
 

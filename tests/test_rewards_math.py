@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from workers.rewards.base import RewardResult
+from roll_core.rewards.scorer import RewardResult
 from workers.rewards.math_rule import (
     MathRuleScorer,
     after_thinking,

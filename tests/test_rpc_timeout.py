@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from roll_pipeline.config import ConfigError, load_config
+from roll_core.config import ConfigError, load_config
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.distributed.waiting import (
     ActorStartFailed,

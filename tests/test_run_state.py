@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from roll_pipeline.algorithms.kl import AdaptiveKLController
-from roll_pipeline.algorithms.mixing import MixState
-from roll_pipeline.algorithms.shaping import DomainRewardMoments
-from roll_pipeline.batch import Batch
+from roll_core.algorithms.kl import AdaptiveKLController
+from roll_core.algorithms.mixing import MixState
+from roll_core.algorithms.shaping import DomainRewardMoments
+from roll_core.batch import Batch
 from roll_pipeline.driver.checkpoint import STATE_FILE, checkpoint_root, latest_checkpoint
 from roll_pipeline.driver.run_state import PENDING_ROLLOUT_FILE, RNG_FILE, Rollout, RunState
 from roll_pipeline.driver.significance import PromptOutcome

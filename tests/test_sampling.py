@@ -13,11 +13,11 @@ import math
 import pytest
 import torch
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.config import load_config
-from roll_pipeline.config.schema import GeneratingArgs
-from roll_pipeline.models.forward import batched_log_probs
-from roll_pipeline.models.sampling import OUTSIDE_LOG_PROB, SamplingDistribution
+from roll_core.batch import Batch
+from roll_core.config import load_config
+from roll_core.config.schema import GeneratingArgs
+from roll_core.models.forward import batched_log_probs
+from roll_core.models.sampling import OUTSIDE_LOG_PROB, SamplingDistribution
 from tests.conftest import EXAMPLES
 
 SAMPLES = 4000
@@ -117,7 +117,7 @@ def test_sharing_the_prefill_samples_what_generate_samples(strategy):
     same sampling distribution (scores): a cache at the wrong positions or repeated in the wrong order would not."""
     from transformers import GenerationConfig
 
-    from roll_pipeline.data.loading import collate_prompts
+    from roll_core.data.loading import collate_prompts
     from workers.strategies.hf_infer import generate_sharing_prefill
 
     tok = strategy.tokenizer

@@ -23,8 +23,9 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from transformers import AutoTokenizer
 
 import schedulers.dynamic_sampling as ds
-from roll_pipeline.config import GeneratingArgs
-from roll_pipeline.data.loading import encode_prompts
+from roll_core.config import GeneratingArgs
+from roll_core.data.loading import encode_prompts
+from roll_core.rewards.scored import ScoredSample
 from schedulers.dynamic_sampling import (
     DynamicSamplingScheduler,
     PromptSampler,
@@ -36,7 +37,6 @@ from schedulers.filters import RESPONSE_FILTERS
 from tests.conftest import TINY_MODEL
 from tests.test_dynamic_sampling import PATTERNS, config, draw_order, filtered_in_order, rows_of
 from workers.actor_infer import StaleWeightsError
-from workers.rewards.scored import ScoredSample
 
 N = 4
 ARGS = GeneratingArgs(max_new_tokens=4)

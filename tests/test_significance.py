@@ -8,6 +8,7 @@ import math
 import pytest
 from scipy.stats import binomtest
 
+from roll_core.tracking.mlflow_tracker import MlflowTracker
 from roll_pipeline.driver.cli import main
 from roll_pipeline.driver.report import prompts_file
 from roll_pipeline.driver.significance import (
@@ -23,7 +24,6 @@ from roll_pipeline.driver.significance import (
     validation_significance,
     wilson_interval,
 )
-from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
 from tests.test_tracking import file_store, tracking, val_record  # noqa: F401 - file_store is a fixture
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from roll_core.models.embedded import EMBEDDED_MODELS, known_build
 from roll_pipeline.models.build import build_problems
-from roll_pipeline.models.embedded import EMBEDDED_MODELS, known_build
 from roll_pipeline.models.tiny import BUILD_INFO, build_tiny_model, weights_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_same_spec_is_cached_and_new_seed_rebuilds(built, tmp_path):
 # Without the build's pinned kernels this machine's build and the emulated one differ (measured 2026-11-24 on an
 # AVX-512 AMD EPYC, full build: 0c25241d... against 52688a35..., the reference of then; this short one differs too).
 # Another vendor cannot be emulated, and does build another model: an Intel Xeon and an AMD EPYC (Zen 4) did,
-# with every pin above (see known_builds in roll_pipeline/models/embedded.py).
+# with every pin above (see known_builds in roll_core/models/embedded.py).
 # On a CPU without AVX-512 the emulation changes nothing, so there the test shows less.
 OTHER_MACHINE = {
     "OMP_NUM_THREADS": "1",
@@ -136,7 +136,7 @@ def test_the_embedded_models_make_test_built_are_sound_builds(name):
     file is whole), and its own figures are those of a sound build: a new torch or transformers that broke the
     warm-up, the tokenizer or the judge's verdicts fails here. The weights themselves depend on the processor
     (an Intel Xeon and an AMD EPYC build different models from one seed), so a build not seen before is reported,
-    not failed: `known_builds` in roll_pipeline/models/embedded.py lists those seen and where."""
+    not failed: `known_builds` in roll_core/models/embedded.py lists those seen and where."""
     model_dir = ROOT / "examples" / "models" / name
     if not (model_dir / "config.json").exists():
         pytest.fail(f"{model_dir} is missing: run `roll model build {name}` (make test does it) before the tests")

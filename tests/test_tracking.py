@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from roll_pipeline.config import TrackingConfig, load_config
+from roll_core.config import TrackingConfig, load_config
+from roll_core.rewards.scored import MASK_ERROR, ScoredSample
+from roll_core.tracking.metadata import content_hash, run_tags
+from roll_core.tracking.mlflow_tracker import MlflowTracker, absolute_uri, is_permanent, sync
+from roll_core.tracking.spool import Spool
 from roll_pipeline.driver.cli import main
 from roll_pipeline.driver.report import (
     CHART_FILE,
@@ -25,11 +29,7 @@ from roll_pipeline.driver.report import (
     table_file,
 )
 from roll_pipeline.driver.tracking_commands import ui_command
-from roll_pipeline.tracking.metadata import content_hash, run_tags
-from roll_pipeline.tracking.mlflow_tracker import MlflowTracker, absolute_uri, is_permanent, sync
-from roll_pipeline.tracking.spool import Spool
 from tests.conftest import EXAMPLES, ROOT
-from workers.rewards.scored import MASK_ERROR, ScoredSample
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from roll_core.rewards.scored import MASK_ERROR, ScoredSample
 from roll_pipeline.driver.validation import (
     answer_keys,
     majority_correct,
@@ -17,7 +18,6 @@ from roll_pipeline.driver.validation import (
     validation_metrics,
 )
 from workers.rewards.math_rule import MathRuleScorer
-from workers.rewards.scored import MASK_ERROR, ScoredSample
 
 
 def rec(domain, tag, correct, length=4, finish="stop", score=None, pid=None, text=""):
@@ -29,7 +29,7 @@ def rec(domain, tag, correct, length=4, finish="stop", score=None, pid=None, tex
 
 def rewards(**workers):
     """``rewards.<domain>`` blocks as answer_keys reads them: domain=worker or domain=(worker, options)."""
-    from roll_pipeline.config.schema import RewardConfig
+    from roll_core.config.schema import RewardConfig
 
     return {
         d: RewardConfig(tag_included=[d], worker=w[0], options=w[1]) if isinstance(w, tuple)
@@ -149,7 +149,7 @@ def test_answer_keys_come_from_the_domains_scorers():
 
 
 def test_a_domain_with_several_rewards_votes_with_the_first_ones_answer_key():
-    from roll_pipeline.config.schema import RewardComponentConfig, RewardConfig
+    from roll_core.config.schema import RewardComponentConfig, RewardConfig
 
     plugin = "roll_reward_plugin_example:ExactMatchScorer"
     math_first = RewardConfig(
@@ -299,7 +299,7 @@ def test_accuracy_is_the_reward_workers_verdict_not_a_positive_score():
     carry the reward worker's verdict."""
     import torch
 
-    from roll_pipeline.batch import Batch
+    from roll_core.batch import Batch
     from roll_pipeline.driver.pipeline import RLVRPipeline
     from roll_pipeline.driver.report import sample_table
 

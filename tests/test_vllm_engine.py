@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.config import load_config
-from roll_pipeline.config.schema import GeneratingArgs
-from roll_pipeline.models.forward import batched_log_probs
-from roll_pipeline.models.sampling import OUTSIDE_LOG_PROB, SamplingDistribution
+from roll_core.batch import Batch
+from roll_core.config import load_config
+from roll_core.config.schema import GeneratingArgs
+from roll_core.models.forward import batched_log_probs
+from roll_core.models.sampling import OUTSIDE_LOG_PROB, SamplingDistribution
 from tests.conftest import EXAMPLES
 from tests.test_sampling import assert_sampling_matches_the_log_probs
 from workers.strategies.vllm_infer import vllm_build

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from roll_pipeline.config import GeneratingArgs, load_config
+from roll_core.config import GeneratingArgs, load_config
 from tests.conftest import EXAMPLES
 from workers.strategies import vllm_infer
 from workers.strategies.vllm_infer import (
@@ -133,7 +133,7 @@ def test_log_probs_of_the_sampled_tokens_come_out_padded_like_the_tokens():
 def test_nothing_sends_vllm_a_closure():
     """vLLM's RPC refuses functions: weights go by name to the worker extension, never by `apply_model`."""
     root = EXAMPLES.parent
-    sources = [p for folder in ("roll_pipeline", "workers", "schedulers") for p in (root / folder).rglob("*.py")]
+    sources = [p for folder in ("roll_core", "roll_pipeline", "workers", "schedulers") for p in (root / folder).rglob("*.py")]
     assert len(sources) > 50
     assert [str(p) for p in sources if "apply_model(" in p.read_text()] == []
 

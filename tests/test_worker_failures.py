@@ -15,7 +15,7 @@ import pytest
 import ray
 import yaml
 
-from roll_pipeline.config import load_config
+from roll_core.config import load_config
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from tests.conftest import EXAMPLES
 from workers.rewards.math_rule import MathRuleScorer

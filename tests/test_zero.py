@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.config import load_config
-from roll_pipeline.data.loading import collate_prompts, encode_prompts, load_rows
+from roll_core.batch import Batch
+from roll_core.config import load_config
+from roll_core.data.loading import collate_prompts, encode_prompts, load_rows
 from roll_pipeline.distributed.cluster import Cluster
 from tests.conftest import EXAMPLES
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.config import GeneratingArgs, PipelineConfig
-from roll_pipeline.data.loading import collate_prompts
+from roll_core.batch import Batch
+from roll_core.config import GeneratingArgs, PipelineConfig
+from roll_core.data.loading import collate_prompts
 from workers.base import Worker, load_rng_states, release_free_memory, rng_states
 from workers.inference.request_batcher import Request, RequestBatcher
 

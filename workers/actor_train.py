@@ -7,11 +7,11 @@ import os
 import torch
 from torch import nn
 
-from roll_pipeline.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
-from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.config import PipelineConfig
-from roll_pipeline.models.forward import batched_log_probs, log_probs_from_logits, response_logits
-from roll_pipeline.models.sampling import SamplingDistribution
+from roll_core.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
+from roll_core.batch import Batch, loss_mask
+from roll_core.config import PipelineConfig
+from roll_core.models.forward import batched_log_probs, log_probs_from_logits, response_logits
+from roll_core.models.sampling import SamplingDistribution
 from workers.base import release_free_memory
 from workers.strategies.loading import load_causal_lm
 from workers.training import TrainedWorker, loss_scale

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from roll_pipeline.algorithms import aggregate_loss
-from roll_pipeline.algorithms.value import clipped_value_loss
-from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.config import PipelineConfig
-from roll_pipeline.models.forward import batched_values, response_values
+from roll_core.algorithms import aggregate_loss
+from roll_core.algorithms.value import clipped_value_loss
+from roll_core.batch import Batch, loss_mask
+from roll_core.config import PipelineConfig
+from roll_core.models.forward import batched_values, response_values
 from workers.strategies.loading import load_value_model
 from workers.training import TrainedWorker, loss_scale
 

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from roll_pipeline.config import ClusterConfig
+from roll_core.config import ClusterConfig
 
 LOGICAL_GPUS = "ROLL_LOGICAL_GPUS"
 """Set to 1 where Ray's GPUs are logical resources on a host without any (the placement tests on CPU machines):

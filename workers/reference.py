@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from roll_pipeline.batch import Batch
-from roll_pipeline.config import PipelineConfig
-from roll_pipeline.models.sampling import SamplingDistribution
+from roll_core.batch import Batch
+from roll_core.config import PipelineConfig
+from roll_core.models.sampling import SamplingDistribution
 from workers.base import Worker
 from workers.strategies.hf_infer import HFInferStrategy
 

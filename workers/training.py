@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from roll_pipeline.algorithms import batch_normalizer
-from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.config import PipelineConfig
+from roll_core.algorithms import batch_normalizer
+from roll_core.batch import Batch, loss_mask
+from roll_core.config import PipelineConfig
 from workers.base import Worker
 from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from roll_pipeline.batch import Batch
+from roll_core.batch import Batch
 from roll_pipeline.distributed.waiting import DEFAULT_RPC_TIMEOUT_S, wait_for
 
 logger = logging.getLogger(__name__)

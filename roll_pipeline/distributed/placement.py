@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from roll_pipeline.algorithms import needs_critic
-from roll_pipeline.config.schema import ConfigError
+from roll_core.algorithms import needs_critic
+from roll_core.config.schema import ConfigError
 
 logger = logging.getLogger(__name__)
 

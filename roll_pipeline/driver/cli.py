@@ -8,9 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
-from roll_pipeline.config import ConfigError
-from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error, warn
-from roll_pipeline.data.loading import DataError
+from roll_core.config import ConfigError
+from roll_core.console import EXIT_FAILED, EXIT_USAGE, echo, error, warn
+from roll_core.data.loading import DataError
 from roll_pipeline.driver.names import load_run_config
 
 
@@ -125,7 +125,7 @@ def cmd_model_build_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_model_fetch(args: argparse.Namespace) -> int:
-    from roll_pipeline.models.pretrained import FETCH_INFO, PRETRAINED_MODELS, FetchError, fetch_pretrained
+    from roll_core.models.pretrained import FETCH_INFO, PRETRAINED_MODELS, FetchError, fetch_pretrained
 
     try:
         path = fetch_pretrained(args.name, Path(args.models_dir), progress=echo)
@@ -142,7 +142,7 @@ def cmd_model_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_model_from_gguf(args: argparse.Namespace) -> int:
-    from roll_pipeline.models.pretrained import FetchError, write_hf_folder
+    from roll_core.models.pretrained import FetchError, write_hf_folder
     from roll_pipeline.models.tiny import weights_sha256
 
     source = Path(args.gguf_file)
@@ -159,8 +159,8 @@ def cmd_model_from_gguf(args: argparse.Namespace) -> int:
 
 
 def cmd_model_build(args: argparse.Namespace) -> int:
+    from roll_core.models.embedded import EMBEDDED_MODELS, known_build
     from roll_pipeline.models.build import build_embedded_model, build_problems
-    from roll_pipeline.models.embedded import EMBEDDED_MODELS, known_build
     from roll_pipeline.models.tiny import weights_sha256
 
     unknown = [name for name in args.names if name not in EMBEDDED_MODELS]
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         "built from the same spec is reused. The same seed gives the same weights on every x86-64 machine: the "
         "weights' sha256 is printed.",
     )
-    from roll_pipeline.models.embedded import EMBEDDED_MODELS
+    from roll_core.models.embedded import EMBEDDED_MODELS
 
     build.add_argument("names", nargs="*", metavar="NAME",
                        help="; ".join(f"{m.name}: {m.purpose}" for m in EMBEDDED_MODELS.values()))
@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--seed", type=int, default=0)
     build.set_defaults(func=cmd_model_build)
 
-    from roll_pipeline.models.pretrained import PRETRAINED_MODELS
+    from roll_core.models.pretrained import PRETRAINED_MODELS
 
     fetch = model.add_parser(
         "fetch",

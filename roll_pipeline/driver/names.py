@@ -1,8 +1,8 @@
 """A config's names checked against the registries they choose from, and what the chosen entries need.
 
-The core config (roll_pipeline/config) checks structure and ranges and imports nothing that registers; the names
+The core config (roll_core/config) checks structure and ranges and imports nothing that registers; the names
 it holds (an advantage estimator, a policy loss, a filter, ...) are only known once the modules that register
-them are imported: roll_pipeline/algorithms (torch) and schedulers/filters.py. `load_run_config` is the driver's
+them are imported: roll_core/algorithms (torch) and schedulers/filters.py. `load_run_config` is the driver's
 way to load a config: the core loader, with these checks folded into its one error.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from roll_pipeline.config import PipelineConfig, ResolvedConfig, load_config
+from roll_core.config import PipelineConfig, ResolvedConfig, load_config
 
 
 def name_problems(cfg: PipelineConfig) -> Iterator[tuple[str, str]]:
     """(key path, message) for every name in `cfg` that its registry does not know, and for a chosen entry whose
     needs the config does not meet (an estimator that needs a critic, without a critic section)."""
-    from roll_pipeline import algorithms
+    from roll_core import algorithms
     from schedulers.filters import GROUP_FILTERS, RESPONSE_FILTERS, check_filters
 
     named = [

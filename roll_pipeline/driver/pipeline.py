@@ -15,15 +15,20 @@ from typing import Any
 import torch
 from ray.exceptions import RayActorError
 
-from roll_pipeline.algorithms import ADVANTAGES, DOMAIN_MIXERS, KL_CONTROLLERS
-from roll_pipeline.algorithms.advantages import advantage_metrics, place_at_last_token, postprocess_advantages
-from roll_pipeline.algorithms.kl import kl_penalty_rewards
-from roll_pipeline.algorithms.mixing import MixState, observe_rollout, observe_validation
-from roll_pipeline.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
-from roll_pipeline.algorithms.shaping import DomainRewardMoments, shape_scores
-from roll_pipeline.batch import Batch, loss_mask
-from roll_pipeline.config import ResolvedConfig, domain_shares
-from roll_pipeline.data.loading import RunData
+from roll_core.algorithms import ADVANTAGES, DOMAIN_MIXERS, KL_CONTROLLERS
+from roll_core.algorithms.advantages import advantage_metrics, place_at_last_token, postprocess_advantages
+from roll_core.algorithms.kl import kl_penalty_rewards
+from roll_core.algorithms.mixing import MixState, observe_rollout, observe_validation
+from roll_core.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
+from roll_core.algorithms.shaping import DomainRewardMoments, shape_scores
+from roll_core.batch import Batch, loss_mask
+from roll_core.config import ResolvedConfig, domain_shares
+from roll_core.data.loading import RunData
+from roll_core.rewards.scored import ScoredSample
+from roll_core.tracking.metadata import run_tags
+from roll_core.tracking.mlflow_tracker import MlflowTracker
+from roll_core.tracking.spool import SPOOL_DIRNAME
+from roll_core.tracking.system import MemoryProbe
 from roll_pipeline.distributed.waiting import wait_started
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
 from roll_pipeline.driver.reward_audit import audit_plan, run_audit
@@ -32,12 +37,7 @@ from roll_pipeline.driver.run_state import Rollout, RunState
 from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
 from roll_pipeline.driver.significance import PromptOutcome, prompt_outcomes, validation_significance
 from roll_pipeline.driver.validation import answer_keys, metric_name_part, rollout_metrics, validation_metrics
-from roll_pipeline.tracking.metadata import run_tags
-from roll_pipeline.tracking.mlflow_tracker import MlflowTracker
-from roll_pipeline.tracking.spool import SPOOL_DIRNAME
-from roll_pipeline.tracking.system import MemoryProbe
 from schedulers.dynamic_sampling import start_scheduler
-from workers.rewards.scored import ScoredSample
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
         self.next_rollout: Rollout | None = None
         """Async: the next step's rollout, launched during this step."""
         self.mix_state = MixState()
-        """What the domain mixer has measured (roll_pipeline/algorithms/mixing.py); checkpointed."""
+        """What the domain mixer has measured (roll_core/algorithms/mixing.py); checkpointed."""
         self.owns_ray = False
         # Algorithm state carried from step to step (to be checkpointed with the run).
         self.reward_moments = DomainRewardMoments()

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from roll_pipeline.config import ResolvedConfig
-from roll_pipeline.data.loading import (
+from roll_core.config import ResolvedConfig
+from roll_core.data.loading import (
     DataError,
     DomainPrompts,
     RowCheck,
@@ -23,7 +23,7 @@ from roll_pipeline.data.loading import (
     require_rows,
     require_unique_ids,
 )
-from roll_pipeline.models.embedded import build_hint
+from roll_core.models.embedded import build_hint
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def _row_checks(cfg) -> dict[str, RowCheck]:
     """Each domain's row check: the reward contract's (no column hidden by the names it passes) and its reward
     scorer's own; a domain whose scorer does not load is reported by `_reward_checks` and only the contract's
     check runs on its rows."""
-    from workers.rewards.base import contract_problems
+    from roll_core.rewards.scorer import contract_problems
     from workers.rewards.registry import get_reward_scorer_cls
 
     def both(scorer_check: RowCheck | None) -> RowCheck:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from roll_core.rewards.scored import ScoredSample
 from roll_pipeline.driver.run_change import ci_text, format_run_change, run_change
 from roll_pipeline.driver.significance import (
     ALL,
@@ -32,7 +33,6 @@ from roll_pipeline.driver.significance import (
     outcomes_from_table,
     outcomes_table,
 )
-from workers.rewards.scored import ScoredSample
 
 TABLE_DIR = "validation"
 CHART_FILE = "validation/accuracy_by_tag.png"
@@ -214,8 +214,8 @@ def load_report(target: str, uri: str | None = None) -> RunReport:
     """`target`: a run id, or a run's output_dir (or spool folder), whose spool knows the run id and URI."""
     from mlflow.tracking import MlflowClient
 
-    from roll_pipeline.tracking.mlflow_tracker import DEFAULT_TRACKING_URI, absolute_uri
-    from roll_pipeline.tracking.spool import Spool
+    from roll_core.tracking.mlflow_tracker import DEFAULT_TRACKING_URI, absolute_uri
+    from roll_core.tracking.spool import Spool
 
     run_id = target
     if Path(target).exists():

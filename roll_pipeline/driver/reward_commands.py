@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from roll_pipeline.console import EXIT_USAGE, echo, error
+from roll_core.console import EXIT_USAGE, echo, error
 
 
 class UsageError(ValueError):

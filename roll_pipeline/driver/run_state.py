@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from roll_pipeline.algorithms.mixing import MixState
-from roll_pipeline.batch import Batch
+from roll_core.algorithms.mixing import MixState
+from roll_core.batch import Batch
 from roll_pipeline.driver.checkpoint import checkpoint_root, config_changes, read_state, write_checkpoint
 from roll_pipeline.driver.significance import outcomes_from_table, outcomes_table
 from workers.base import load_rng_states, rng_states

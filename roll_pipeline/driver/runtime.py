@@ -11,9 +11,9 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from roll_pipeline.config import PipelineConfig
-from roll_pipeline.config.schema import RewardComponentConfig
-from roll_pipeline.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
+from roll_core.config import PipelineConfig
+from roll_core.config.schema import RewardComponentConfig
+from roll_core.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.distributed.fit import check_fit, run_actors, total
 from roll_pipeline.distributed.joining import join_ray

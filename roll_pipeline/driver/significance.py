@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from workers.rewards.scored import ScoredSample
+from roll_core.rewards.scored import ScoredSample
 
 ALL = "all"
 

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from roll_pipeline.console import EXIT_FAILED, EXIT_USAGE, echo, error
+from roll_core.console import EXIT_FAILED, EXIT_USAGE, echo, error
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_mlflow_sync(args: argparse.Namespace) -> int:
-    from roll_pipeline.tracking.mlflow_tracker import sync
+    from roll_core.tracking.mlflow_tracker import sync
 
     results = sync(args.path, args.tracking_uri)
     if not results:
@@ -72,7 +72,7 @@ def ui_command(uri: str, port: int) -> list[str]:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from roll_pipeline.tracking.mlflow_tracker import DEFAULT_TRACKING_URI, absolute_uri, is_server
+    from roll_core.tracking.mlflow_tracker import DEFAULT_TRACKING_URI, absolute_uri, is_server
 
     uri = absolute_uri(args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
     if is_server(uri):

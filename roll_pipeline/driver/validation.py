@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from workers.rewards.scored import ScoredSample
+from roll_core.rewards.scored import ScoredSample
 
 AnswerKey = Callable[[str], Hashable | None]
 """Maps a response to the answer it states, in a form where equal answers compare equal; None: no answer."""

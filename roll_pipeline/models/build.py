@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from roll_pipeline.models.embedded import DATA_DIR, EMBEDDED_MODELS, MODELS_DIR
+from roll_core.models.embedded import DATA_DIR, EMBEDDED_MODELS, MODELS_DIR
 
 
 def build_problems(name: str, model_dir: Path) -> list[str]:

@@ -140,7 +140,7 @@ def write_build(out_dir: Path, spec: dict, build: Callable[[Path], dict], what: 
 
 def weights_sha256(model_dir: Path) -> str:
     """sha256 of a built model's weights file: equal on every machine for the same build spec."""
-    from roll_pipeline.tracking.metadata import content_hash
+    from roll_core.tracking.metadata import content_hash
 
     return content_hash(Path(model_dir) / WEIGHTS_FILE)
 

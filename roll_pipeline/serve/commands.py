@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from roll_pipeline.console import EXIT_USAGE, echo, error
+from roll_core.console import EXIT_USAGE, echo, error
 from workers.inference.model_path import ServedModel
 
 DEFAULT_JUDGE_OUT = "examples/models/tiny-qwen2-judge"

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from roll_pipeline.config import ClusterConfig, GeneratingArgs, ModelArgs
-from roll_pipeline.data.loading import collate_prompts
+from roll_core.config import ClusterConfig, GeneratingArgs, ModelArgs
+from roll_core.data.loading import collate_prompts
 from workers.inference.model_path import CONFIG_FILE, ServedModel
 from workers.inference.request_batcher import Request, RequestBatcher
 

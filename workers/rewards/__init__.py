@@ -1,6 +1,6 @@
 """Rewards: a pure scorer per domain (``math_rule``, ``code_sandbox``, ``llm_judge``), a registry, and the generic worker."""
 
-from workers.rewards.base import RewardResult, RewardScorer
+from roll_core.rewards.scorer import RewardResult, RewardScorer
 from workers.rewards.registry import available_reward_workers, get_reward_scorer_cls, register_reward_worker
 from workers.rewards.worker import RewardWorker
 

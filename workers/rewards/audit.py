@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.rewards.base import reward_sample
-from workers.rewards.scored import ScoredSample
+from roll_core.rewards.scored import ScoredSample
+from roll_core.rewards.scorer import reward_sample
 
 PANELS = Path(__file__).parent / "audit_panels"
 KINDS = ("right", "wrong", "hack")

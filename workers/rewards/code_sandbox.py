@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
-from roll_pipeline.config.schema import scoring_budget_s
-from workers.rewards.base import RewardResult, RewardScorer
+from roll_core.config.schema import scoring_budget_s
+from roll_core.rewards.scorer import RewardResult, RewardScorer
 from workers.rewards.registry import register_reward_worker
 from workers.rewards.sandbox.cgroup import find_memory_cgroups
 from workers.rewards.sandbox.formats import (

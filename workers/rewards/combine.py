@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from workers.rewards.scored import ScoredSample
+from roll_core.rewards.scored import ScoredSample
 
 
 @dataclass(frozen=True)

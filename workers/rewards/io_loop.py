@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from workers.rewards.base import RewardScorer
+from roll_core.rewards.scorer import RewardScorer
 from workers.rewards.pool import Outcome
 
 

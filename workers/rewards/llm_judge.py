@@ -44,7 +44,7 @@ import string
 import time
 from collections.abc import Mapping
 
-from workers.rewards.base import RewardResult, RewardScorer
+from roll_core.rewards.scorer import RewardResult, RewardScorer
 from workers.rewards.judge.errors import JudgeVerdictUnparseable
 from workers.rewards.registry import register_reward_worker
 

@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable, Hashable, Sequence
 from fractions import Fraction
 
-from workers.rewards.base import RewardResult, RewardScorer
+from roll_core.rewards.scorer import RewardResult, RewardScorer
 from workers.rewards.registry import register_reward_worker
 
 logger = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Literal
 
-from workers.rewards.base import RewardScorer
+from roll_core.rewards.scorer import RewardScorer
 
 logger = logging.getLogger(__name__)
 

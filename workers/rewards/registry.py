@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from workers.rewards.base import RewardScorer
+from roll_core.rewards.scorer import RewardScorer
 
 logger = logging.getLogger(__name__)
 

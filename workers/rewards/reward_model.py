@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from workers.rewards.base import BatchedRewardScorer, RewardResult
+from roll_core.rewards.scorer import BatchedRewardScorer, RewardResult
 from workers.rewards.registry import register_reward_worker
 
 HEADS = ("auto", "sequence", "token")
@@ -63,7 +63,7 @@ class RewardModelScorer(BatchedRewardScorer):
         if not model_path:
             raise ValueError("reward_model: options.model_path must name the reward model's folder")
         if not (Path(model_path) / "config.json").is_file():
-            from roll_pipeline.models.embedded import build_hint
+            from roll_core.models.embedded import build_hint
 
             hint = build_hint(model_path) or "a folder written by save_pretrained (relative to the working directory)"
             raise ValueError(f"reward_model: options.model_path {model_path!r} is not a model folder (no config.json): {hint}")

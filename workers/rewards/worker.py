@@ -4,7 +4,7 @@ The pipeline wraps ``RewardWorker`` in ``ray.remote`` itself, so this module sta
 without Ray. The worker scores a batch on a pool of processes (``workers.rewards.pool``), gives each sample
 ``timeout_s`` seconds of running time, and masks (never zeroes) a sample whose scorer returned ``None``,
 raised, ran out of time, or took its process down with it. The reward is a number per response; the pipeline
-puts it at the response's last valid token (``roll_pipeline.algorithms.advantages.place_at_last_token``), and
+puts it at the response's last valid token (``roll_core.algorithms.advantages.place_at_last_token``), and
 a masked sample leaves the loss.
 """
 
@@ -15,11 +15,7 @@ import threading
 import traceback
 from collections.abc import Sequence
 
-from workers.rewards.base import RewardResult
-from workers.rewards.io_loop import IOScoringLoop
-from workers.rewards.pool import Outcome, ScoringPool
-from workers.rewards.registry import get_reward_scorer_cls
-from workers.rewards.scored import (
+from roll_core.rewards.scored import (
     MASK_CRASH,
     MASK_ERROR,
     MASK_NOT_APPLICABLE,
@@ -28,6 +24,10 @@ from workers.rewards.scored import (
     MASK_WORKER_LOST,
     ScoredSample,
 )
+from roll_core.rewards.scorer import RewardResult
+from workers.rewards.io_loop import IOScoringLoop
+from workers.rewards.pool import Outcome, ScoringPool
+from workers.rewards.registry import get_reward_scorer_cls
 
 logger = logging.getLogger(__name__)
 

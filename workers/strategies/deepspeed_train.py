@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from roll_pipeline.config import ActorTrainConfig
+from roll_core.config import ActorTrainConfig
 from workers.devices import worker_device
 from workers.strategies.loading import DTYPES
 

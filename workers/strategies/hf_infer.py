@@ -8,9 +8,9 @@ from collections.abc import Callable
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from roll_pipeline.config import ClusterConfig, GeneratingArgs
-from roll_pipeline.models.forward import batched_log_probs
-from roll_pipeline.models.sampling import SamplingDistribution
+from roll_core.config import ClusterConfig, GeneratingArgs
+from roll_core.models.forward import batched_log_probs
+from roll_core.models.sampling import SamplingDistribution
 from workers.devices import worker_device
 from workers.strategies.loading import eos_token_ids, load_causal_lm, load_tokenizer
 

