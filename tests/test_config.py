@@ -188,7 +188,7 @@ def test_a_sample_budget_past_the_worker_timeout_is_refused(tmp_path):
 
 
 def test_the_scoring_budget_leaves_the_worker_a_margin():
-    from roll_core.config.schema import scoring_budget_s
+    from roll_core.config.rewards import scoring_budget_s
 
     assert [scoring_budget_s(t) for t in (30, 10, 6, 3, 2)] == [24, 8, 4, 1.5, 1]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from roll_core.config.schema import ModelArgs
+from roll_core.config.clusters import ModelArgs
 from workers.strategies.loading import load_value_model
 
 

@@ -92,7 +92,7 @@ def test_the_normalizers_collective_gets_a_float64_tensor_on_the_training_device
 
 
 def test_hf_inference_generates_on_its_device_and_returns_cpu_tensors(tiny_model, monkeypatch):
-    from roll_core.config.schema import GeneratingArgs
+    from roll_core.config.clusters import GeneratingArgs
     from workers.strategies.hf_infer import HFInferStrategy
 
     cfg = load_config(EXAMPLES / "math_code.yaml", [f"actor_infer.model_args.model_name_or_path={tiny_model}"])

@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from roll_core.config.schema import RewardConfig
+from roll_core.config.rewards import RewardConfig
 from roll_pipeline.driver.cli import main
 from tests.conftest import ROOT
 from workers.rewards import registry

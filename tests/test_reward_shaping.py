@@ -19,7 +19,7 @@ from roll_core.algorithms.shaping import (
     overlong_penalty,
     shape_scores,
 )
-from roll_core.config.schema import (
+from roll_core.config.shaping import (
     DifficultyMaskConfig,
     LengthMaskConfig,
     OverlongPenaltyConfig,

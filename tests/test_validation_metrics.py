@@ -29,7 +29,7 @@ def rec(domain, tag, correct, length=4, finish="stop", score=None, pid=None, tex
 
 def rewards(**workers):
     """``rewards.<domain>`` blocks as answer_keys reads them: domain=worker or domain=(worker, options)."""
-    from roll_core.config.schema import RewardConfig
+    from roll_core.config.rewards import RewardConfig
 
     return {
         d: RewardConfig(tag_included=[d], worker=w[0], options=w[1]) if isinstance(w, tuple)
@@ -149,7 +149,7 @@ def test_answer_keys_come_from_the_domains_scorers():
 
 
 def test_a_domain_with_several_rewards_votes_with_the_first_ones_answer_key():
-    from roll_core.config.schema import RewardComponentConfig, RewardConfig
+    from roll_core.config.rewards import RewardComponentConfig, RewardConfig
 
     plugin = "roll_reward_plugin_example:ExactMatchScorer"
     math_first = RewardConfig(

@@ -12,7 +12,7 @@ import torch
 
 from roll_core.batch import Batch
 from roll_core.config import load_config
-from roll_core.config.schema import GeneratingArgs
+from roll_core.config.clusters import GeneratingArgs
 from roll_core.models.forward import batched_log_probs
 from roll_core.models.sampling import OUTSIDE_LOG_PROB, SamplingDistribution
 from tests.conftest import EXAMPLES

@@ -19,7 +19,7 @@ from roll_core.algorithms.advantages import group_statistics
 from roll_core.registry import REWARD_NORMS, register_reward_norm
 
 if TYPE_CHECKING:
-    from roll_core.config.schema import RewardShapingConfig
+    from roll_core.config.shaping import RewardShapingConfig
 
 
 class RunningMoments:

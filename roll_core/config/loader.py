@@ -23,7 +23,8 @@ from typing import Any
 import dacite
 import yaml
 
-from roll_core.config.schema import ConfigError, PipelineConfig
+from roll_core.config.errors import ConfigError
+from roll_core.config.pipeline import PipelineConfig
 from roll_core.config.shares import domain_shares
 
 _REF = re.compile(r"\$\{([A-Za-z0-9_.\-]+)\}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll_core.algorithms import needs_critic
-from roll_core.config.schema import ConfigError
+from roll_core.config.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from roll_core.config import PipelineConfig
-from roll_core.config.schema import RewardComponentConfig
+from roll_core.config.rewards import RewardComponentConfig
 from roll_core.data.loading import RunData, fit_prompts, load_domain_rows, require_rows
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.distributed.fit import check_fit, run_actors, total

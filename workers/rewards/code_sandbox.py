@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
-from roll_core.config.schema import scoring_budget_s
+from roll_core.config.rewards import scoring_budget_s
 from roll_core.rewards.scorer import RewardResult, RewardScorer
 from workers.rewards.registry import register_reward_worker
 from workers.rewards.sandbox.cgroup import find_memory_cgroups
