@@ -64,7 +64,7 @@ def make_batch(cfg, tokenizer, prompts):
             "prompt_mask": bare.mask.repeat_interleave(n, 0),
             "response_ids": responses,
             "response_mask": response_mask,
-            "sample_mask": torch.ones(len(responses)),
+            "in_loss": torch.ones(len(responses)),
             "group_ids": torch.arange(len(prompts)).repeat_interleave(n),
         }
     )
@@ -72,7 +72,7 @@ def make_batch(cfg, tokenizer, prompts):
         token_level_rewards=place_at_last_token(scores, response_mask),
         response_mask=response_mask,
         group_ids=batch["group_ids"],
-        sample_mask=batch["sample_mask"],
+        in_loss=batch["in_loss"],
     )
     sampling = SamplingDistribution.of(cfg.actor_infer.generating_args)
     old = batched_log_probs(bare.model, batch, cfg.actor_train.infer_batch_size, sampling)

@@ -19,7 +19,7 @@ TENSOR_KEYS: dict[str, str] = {
     "response_mask": "(B, R) float, 1 on response tokens up to and including the end-of-sequence token",
     "group_ids": "(B,) long, the index of the prompt a response belongs to (its GRPO group)",
     "scores": "(B,) float, the reward worker's score for each response",
-    "sample_mask": "(B,) float, 0 where the reward could not be computed (the sample leaves the loss)",
+    "in_loss": "(B,) float, 1 in the loss; 0 where the reward is masked, or a filter or shaping left it out",
     "token_level_rewards": "(B, R) float, the score placed at the last response token (minus any KL penalty)",
     "old_log_probs": "(B, R) float, log-probs of the response under the policy that generated it",
     "own_old_log_probs": "(B,) float, 1 where actor_train takes the update's own forward as the old log-probs",
@@ -126,8 +126,8 @@ class Batch:
 
 
 def loss_mask(batch: Batch) -> torch.Tensor:
-    """(B, R): the response tokens of the samples in the loss (response_mask where sample_mask is 1)."""
-    return batch["response_mask"] * batch["sample_mask"].unsqueeze(-1)
+    """(B, R): the response tokens of the samples in the loss (response_mask where in_loss is 1)."""
+    return batch["response_mask"] * batch["in_loss"].unsqueeze(-1)
 
 
 def _cat_padded(parts: list[torch.Tensor], key: str) -> torch.Tensor:

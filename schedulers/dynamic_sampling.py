@@ -309,7 +309,7 @@ class DynamicSamplingScheduler:
             self.bound_hits += 1
             if self.bound_hits == 1 or self.bound_hits % 50 == 0:  # the metric counts every hit; the log samples
                 logger.warning(
-                    "%s; training on the groups that passed, the rest masked out (bound hit %d time(s) so far; "
+                    "%s; training on the groups that passed, the rest left out of the loss (bound hit %d time(s) so far; "
                     "see scheduler/%s/bound_hit)",
                     message, self.bound_hits, self.domain,
                 )
@@ -499,7 +499,7 @@ class DynamicSamplingScheduler:
         n = len(texts)
         prompt_ids = torch.tensor([prompt] * n, dtype=torch.long)
         scores = torch.tensor([0.0 if r.masked else r.score for r in results], dtype=torch.float32)
-        sample_mask = torch.tensor(
+        in_loss = torch.tensor(
             [0.0 if (r.masked or bool(rej)) else 1.0 for r, rej in zip(results, rejected, strict=True)],
             dtype=torch.float32,
         )
@@ -510,7 +510,7 @@ class DynamicSamplingScheduler:
                 "response_ids": output["response_ids"],
                 "response_mask": output["response_mask"],
                 "scores": scores,
-                "sample_mask": sample_mask,
+                "in_loss": in_loss,
                 **({"infer_log_probs": output["infer_log_probs"]} if "infer_log_probs" in output else {}),
             },
             {

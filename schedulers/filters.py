@@ -2,7 +2,7 @@
 
 A *group filter* sees one prompt's group of scored responses and says whether the group goes into the batch
 (``True``) or is dropped, freeing its slot for another prompt. A *response filter* sees one response and says
-whether it stays in the loss; a response it rejects is kept in the batch with ``sample_mask`` 0, so every group
+whether it stays in the loss; a response it rejects is kept in the batch with ``in_loss`` 0, so every group
 keeps its size, and the group filters then see only the responses that stayed.
 
 Each record is a ``roll_core.rewards.scored.ScoredSample`` with ``response_length`` and ``finish_reason`` (``stop``

@@ -69,14 +69,14 @@ def test_an_update_is_adams_first_step_on_the_plain_loop_gradient(loss, estimato
     with torch.no_grad():
         current, _ = reference_log_probs(model, batch)
     shape = current.shape
-    sample_mask = torch.ones(SAMPLES)
-    sample_mask[5] = 0.0
+    in_loss = torch.ones(SAMPLES)
+    in_loss[5] = 0.0
     batch = batch.update(
         {
             "old_log_probs": (current + torch.randn(shape, generator=g) * 0.3) * batch["response_mask"],
             "ref_log_probs": (current + torch.randn(shape, generator=g) * 0.5) * batch["response_mask"],
             "infer_is_weights": torch.rand(shape, generator=g) * 1.5 + 0.2,
-            "sample_mask": sample_mask,
+            "in_loss": in_loss,
         }
     )
 
@@ -104,5 +104,5 @@ def test_an_update_is_adams_first_step_on_the_plain_loop_gradient(loss, estimato
     # Measured 2026-11-24 (deterministic; 3 runs): 3.0e-7 (ppo_clip), 2.0e-7 (cispo), float32 rounding of a
     # gradient summed in another order, on steps up to 0.67. Broken on purpose, each fails: the temperature left
     # out of train_step, its own log-probs taken as old although the batch brings them, the micro-batch's count as
-    # the normaliser, sample_mask left out of the loss mask.
+    # the normaliser, in_loss left out of the loss mask.
     assert worst < 1e-5, worst

@@ -77,8 +77,8 @@ def test_grpo_golden_values():
 def test_grpo_leaves_masked_samples_out_of_group_statistics():
     mask = torch.ones(4, 1)
     rewards = place_at_last_token(torch.tensor([1.0, 0.0, 123.0, 0.0]), mask)
-    sample_mask = torch.tensor([1.0, 1.0, 0.0, 1.0])
-    adv, _ = grpo(rewards, mask, torch.zeros(4, dtype=torch.long), sample_mask=sample_mask)
+    in_loss = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    adv, _ = grpo(rewards, mask, torch.zeros(4, dtype=torch.long), in_loss=in_loss)
     # group of 3 valid: [1, 0, 0], mean 1/3, std sqrt(1/3)
     std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)
     assert adv[:, 0].tolist() == pytest.approx([(2 / 3) / std, -(1 / 3) / std, 0.0, -(1 / 3) / std], rel=1e-5)
@@ -225,29 +225,29 @@ def random_batch(seed, n=24, width=7, groups=6):
     group_ids = torch.randint(0, groups, (n,), generator=gen)
     lengths = torch.randint(1, width + 1, (n,), generator=gen)
     mask = (torch.arange(width) < lengths.unsqueeze(-1)).float()
-    sample_mask = (torch.rand(n, generator=gen) > 0.2).float()
-    return scores, group_ids, lengths, mask, sample_mask, gen
+    in_loss = (torch.rand(n, generator=gen) > 0.2).float()
+    return scores, group_ids, lengths, mask, in_loss, gen
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_outcome_estimators_match_loop_versions(seed):
-    scores, group_ids, lengths, mask, sample_mask, _ = random_batch(seed)
+    scores, group_ids, lengths, mask, in_loss, _ = random_batch(seed)
     rewards = place_at_last_token(scores, mask)
-    s, g, v = scores.tolist(), group_ids.tolist(), [bool(x) for x in sample_mask.tolist()]
+    s, g, v = scores.tolist(), group_ids.tolist(), [bool(x) for x in in_loss.tolist()]
     for name, loop in (("grpo", grpo_loop), ("dr_grpo", dr_grpo_loop), ("rloo", rloo_loop)):
-        adv, _ = ADVANTAGES.get(name)(rewards, mask, group_ids, sample_mask=sample_mask)
+        adv, _ = ADVANTAGES.get(name)(rewards, mask, group_ids, in_loss=in_loss)
         expected = torch.tensor(loop(s, g, v)).unsqueeze(-1) * mask
         assert torch.allclose(adv, expected, atol=1e-5), name
-    adv, _ = ADVANTAGES.get("reinforce_plus_plus_baseline")(rewards, mask, group_ids, sample_mask=sample_mask)
+    adv, _ = ADVANTAGES.get("reinforce_plus_plus_baseline")(rewards, mask, group_ids, in_loss=in_loss)
     expected = torch.tensor(rf_baseline_loop(s, g, v, lengths.tolist(), mask.shape[1]))
     assert torch.allclose(adv, expected, atol=1e-5)
 
 
 def test_reinforce_plus_plus_matches_loop_version():
-    _, _, lengths, mask, sample_mask, gen = random_batch(3)
+    _, _, lengths, mask, in_loss, gen = random_batch(3)
     rewards = torch.randn(mask.shape, generator=gen) * mask  # token-level rewards, e.g. with a KL penalty
-    adv, _ = ADVANTAGES.get("reinforce_plus_plus")(rewards, mask, sample_mask=sample_mask, gamma=0.9)
-    expected = rf_loop(rewards.tolist(), lengths.tolist(), [bool(x) for x in sample_mask.tolist()], 0.9)
+    adv, _ = ADVANTAGES.get("reinforce_plus_plus")(rewards, mask, in_loss=in_loss, gamma=0.9)
+    expected = rf_loop(rewards.tolist(), lengths.tolist(), [bool(x) for x in in_loss.tolist()], 0.9)
     assert torch.allclose(adv, torch.tensor(expected), atol=1e-5)
 
 
@@ -279,16 +279,16 @@ def test_gae_matches_loop_version():
 
 @pytest.mark.parametrize("name", ADVANTAGES.names())
 def test_estimators_ignore_values_under_the_masks(name):
-    """Noise on padded tokens, and any rewards and values of samples with sample_mask 0, change nothing."""
-    scores, group_ids, _, mask, sample_mask, gen = random_batch(4)
+    """Noise on padded tokens, and any rewards and values of samples with in_loss 0, change nothing."""
+    scores, group_ids, _, mask, in_loss, gen = random_batch(4)
     rewards = place_at_last_token(scores, mask)
     values = torch.randn(mask.shape, generator=gen) * mask
     fn = ADVANTAGES.get(name)
-    kwargs = {"group_ids": group_ids, "sample_mask": sample_mask, "gamma": 0.9, "lambd": 0.8}
+    kwargs = {"group_ids": group_ids, "in_loss": in_loss, "gamma": 0.9, "lambd": 0.8}
     adv, _ = fn(token_level_rewards=rewards, response_mask=mask, values=values, **kwargs)
-    noise = (1 - mask * sample_mask.unsqueeze(-1)) * torch.randn(mask.shape, generator=gen) * 100
+    noise = (1 - mask * in_loss.unsqueeze(-1)) * torch.randn(mask.shape, generator=gen) * 100
     adv_noisy, _ = fn(token_level_rewards=rewards + noise, response_mask=mask, values=values + noise, **kwargs)
-    keep = mask * sample_mask.unsqueeze(-1)
+    keep = mask * in_loss.unsqueeze(-1)
     assert torch.allclose(adv * keep, adv_noisy * keep, atol=1e-5)
     assert torch.equal(adv_noisy * (1 - mask), torch.zeros_like(adv))  # nothing leaks onto padding
     assert adv.abs().sum() > 0

@@ -97,7 +97,7 @@ def hand_batch() -> Batch:
         {
             "response_mask": response_mask,
             "scores": torch.tensor([1.0, 0.0, 1.0, 7.0]),
-            "sample_mask": torch.tensor([1.0, 1.0, 1.0, 0.0]),
+            "in_loss": torch.tensor([1.0, 1.0, 1.0, 0.0]),
             "group_ids": torch.tensor([0, 0, 1, 1]),
             "old_log_probs": old,
             "ref_log_probs": old - torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.5], [1.0, 0.0, 0.0], [3.0, 3.0, 0.0]]),
@@ -132,7 +132,7 @@ def test_the_kl_penalty_measures_the_mean_over_the_samples_in_the_loss(in_loss, 
     token-mean KL: one sample, its own; none, 0 rather than 0 / 0."""
     pipeline = RLVRPipeline(config("add_token_level_kl=true", "kl_penalty=k1"))
     batch = hand_batch()
-    _, metrics = pipeline.shape_rewards(batch.update({"sample_mask": torch.tensor(in_loss)}))
+    _, metrics = pipeline.shape_rewards(batch.update({"in_loss": torch.tensor(in_loss)}))
     assert metrics["kl_penalty/kl"] == expected
 
 
@@ -142,7 +142,7 @@ def test_shape_rewards_masks_by_difficulty_and_advantages_follow_the_mask():
     )
     batch, _ = pipeline.shape_rewards(hand_batch())
     # group 1 has one valid sample scoring 1 (mean 1 > 0.9): masked; group 0 (mean 0.5) stays
-    assert batch["sample_mask"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert batch["in_loss"].tolist() == [1.0, 1.0, 0.0, 0.0]
     assert pipeline.shaped_scores.tolist() == [1.0, 0.0, 0.0, 0.0]  # the sample table's: 0 out of the loss
     batch = pipeline.compute_advantages(batch)
     # rloo in group 0: 1 - 0 = 1 and 0 - 1 = -1, clipped to 0.4, on the valid tokens only
@@ -172,7 +172,7 @@ def two_domain_batch() -> Batch:
         {
             "response_mask": torch.ones(6, 2),
             "scores": torch.tensor([1.0, 0.0, 0.0, 10.0, 2.0, 6.0]),
-            "sample_mask": torch.ones(6),
+            "in_loss": torch.ones(6),
             "group_ids": torch.tensor([0, 0, 0, 1, 1, 1]),
         },
         {"domain": [*math_, *code], "correct": [True, False, False, True, False, False]},
@@ -293,7 +293,7 @@ def offpolicy_batch() -> Batch:
     return Batch(
         {
             "response_mask": torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
-            "sample_mask": torch.tensor([1.0, 1.0, 0.0]),
+            "in_loss": torch.tensor([1.0, 1.0, 0.0]),
             "old_log_probs": torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.2, -9.0], [-1.0, -1.0, -1.0]]),
             "infer_log_probs": torch.tensor([[-1.5, -1.0, -0.5], [-0.3, -1.2, 0.0], [-3.0, -3.0, -3.0]]),
         }
@@ -325,7 +325,7 @@ def test_importance_weights_are_the_training_policy_over_the_sampling_one():
     assert metrics["offpolicy/staleness"] == 0.0
     # without inference log-probs (not collected): the staleness alone
     plain = offpolicy_batch().select(range(3))
-    plain = Batch({k: plain[k] for k in ("response_mask", "sample_mask", "old_log_probs")})
+    plain = Batch({k: plain[k] for k in ("response_mask", "in_loss", "old_log_probs")})
     pipeline.trained_version = 6
     _, metrics = pipeline.importance_weights(plain, generated_with=3)
     assert metrics == {"offpolicy/staleness": 3.0}
@@ -343,7 +343,7 @@ def critic_batch() -> Batch:
             "prompt_mask": torch.ones(3, 2),
             "response_ids": torch.ones(3, 3, dtype=torch.long),
             "response_mask": torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
-            "sample_mask": torch.tensor([1.0, 1.0, 0.0]),
+            "in_loss": torch.tensor([1.0, 1.0, 0.0]),
             "values": torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
             "returns": torch.tensor([[1.0, 0.0, 0.0], [2.0, 0.0, 5.0], [0.0, 0.0, 0.0]]),
         }
@@ -438,7 +438,7 @@ def objective_inputs(seed: int, n: int = 8, width: int = 6, vocab: int = 5):
     batch = Batch(
         {
             "response_mask": mask,
-            "sample_mask": torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+            "in_loss": torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
             "old_log_probs": current + torch.randn(n, width, generator=gen) * 0.3,
             "ref_log_probs": current + torch.randn(n, width, generator=gen) * 0.3,
             "advantages": torch.randn(n, width, generator=gen) * mask,

@@ -195,13 +195,13 @@ def test_filter_counts_and_batch_composition_are_exact(local_ray):
     assert m["scheduler/math/bound_hit"] == 0
     assert m["scheduler/math/peak_in_flight"] == 1
 
-    # The batch: the kept groups in draw order, N responses each; truncated responses masked out of the loss.
+    # The batch: the kept groups in draw order, N responses each; truncated responses left out of the loss.
     assert len(batch) == share * N
     assert batch.meta["id"][::N] == [f"r{i}" for i in kept]
     expected_scores = [float(a == "1") for i in kept for a in PATTERNS[patterns[i]]]
     assert batch["scores"].tolist() == expected_scores
     expected_mask = [0.0 if patterns[i] == "cut" and j < 2 else 1.0 for i in kept for j in range(N)]
-    assert batch["sample_mask"].tolist() == expected_mask
+    assert batch["in_loss"].tolist() == expected_mask
     assert m["scheduler/math/responses_masked_by_filters"] == expected_mask.count(0.0)
 
     # The next step continues the same seeded order where this one stopped.
@@ -266,7 +266,7 @@ def test_waves_with_filters_redraw_until_the_share_is_full(local_ray):
     ids = [int(i[1:]) for i in batch.meta["id"][::N]]
     assert all(patterns[i] == "half" for i in ids)
     assert batch["scores"].tolist() == [1.0, 0.0, 1.0, 0.0] * 3
-    assert batch["sample_mask"].sum() == 3 * N
+    assert batch["in_loss"].sum() == 3 * N
 
 
 @pytest.mark.slow
@@ -280,9 +280,9 @@ def test_redraw_bound_trains_on_what_passed(local_ray):
     assert m["scheduler/math/bound"] == 10 and m["scheduler/math/prompts_drawn"] == 10
     assert m["scheduler/math/bound_hit"] == 1
     assert m["scheduler/math/groups_kept"] == 1 and m["scheduler/math/dropped_std_filter"] == 9
-    # The batch keeps its shape: the one group that passed, then dropped groups masked out of the loss.
+    # The batch keeps its shape: the one group that passed, then dropped groups left out of the loss.
     assert len(batch) == 4 * N
-    assert batch["sample_mask"].tolist() == [1.0] * N + [0.0] * (3 * N)
+    assert batch["in_loss"].tolist() == [1.0] * N + [0.0] * (3 * N)
     assert batch.meta["id"][0].startswith("r9")
 
 
@@ -315,7 +315,7 @@ def test_in_flight_requests_are_aborted_when_the_batch_is_full(local_ray):
     assert {f"math/0/{k}" for k in range(2, 6)} <= set(aborted)
     assert not {"math/0/0", "math/0/1"} & set(aborted)
     assert sorted(requests, key=lambda r: int(r.rsplit("/", 1)[1])) == [f"math/0/{k}" for k in range(drawn)]
-    assert len(batch) == 2 * N and batch["sample_mask"].sum() == 2 * N
+    assert len(batch) == 2 * N and batch["in_loss"].sum() == 2 * N
     # Nothing of the aborted requests leaks into the next step: its groups come from its own requests.
     batch2, m2 = ray.get(actor.get_batch.remote(2, N, ARGS))
     assert m2["scheduler/math/groups_kept"] == 2 and len(batch2) == 2 * N

@@ -46,7 +46,7 @@ def inputs(seed: int):
     batch = Batch(
         {
             "response_mask": mask,
-            "sample_mask": torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 1.0]),
+            "in_loss": torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 1.0]),
             "old_log_probs": log_probs.detach() + torch.randn(N, WIDTH, generator=g) * 0.5,
             "ref_log_probs": log_probs.detach() + torch.randn(N, WIDTH, generator=g) * 0.8,
             "advantages": torch.randn(N, 1, generator=g).expand(N, WIDTH) * mask,
@@ -131,7 +131,7 @@ def reference_aggregate(mode: str, terms: list[dict]):
 def reference_objective(loss: str, estimator: str, mode: str, lp, entropy, batch: Batch):
     """The whole objective, with the constants `config` sets; returns it and its pg_loss and kl_loss parts."""
     rows, width = lp.shape
-    valid = [[bool(batch["response_mask"][i, t]) and bool(batch["sample_mask"][i]) for t in range(width)] for i in range(rows)]
+    valid = [[bool(batch["response_mask"][i, t]) and bool(batch["in_loss"][i]) for t in range(width)] for i in range(rows)]
     pg = reference_policy_terms(loss, lp, batch["old_log_probs"], batch["advantages"], valid)
     weights = batch["infer_is_weights"]
     pg = [{t: v * float(weights[i, t]) for t, v in row.items()} for i, row in enumerate(pg)]

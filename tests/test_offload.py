@@ -61,7 +61,7 @@ def test_a_trained_worker_offloads_only_when_its_section_says_so_and_reloads_bef
     worker = Worker(pipeline_config=cfg, total_optimizer_steps=1, name="t", rank=0, world_size=1)
     worker.strategy = Recording()
     worker.offload_states()
-    worker.train_loop(Batch({"response_mask": torch.ones(4, 2), "sample_mask": torch.ones(4)}))
+    worker.train_loop(Batch({"response_mask": torch.ones(4, 2), "in_loss": torch.ones(4)}))
     assert worker.strategy.moves == (["offload", "reload"] if offload else ["reload"])
 
 

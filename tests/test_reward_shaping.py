@@ -148,16 +148,16 @@ def make_batch():
     scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.5, 0.0])
     domains = ["math"] * 6 + ["code"] * 2
     groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
-    sample_mask = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    in_loss = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     lengths = torch.tensor([2, 8, 4, 3, 3, 3, 7, 8])
     response_mask = (torch.arange(8) < lengths.unsqueeze(-1)).float()
     correct = [True, False, False, True, True, True, False, False]
-    return scores, domains, groups, sample_mask, response_mask, correct
+    return scores, domains, groups, in_loss, response_mask, correct
 
 
 def test_shape_scores_golden_values_in_order():
     """Masks on the raw scores, then the overlong penalty, then group normalisation, scaling and clipping."""
-    scores, domains, groups, sample_mask, response_mask, correct = make_batch()
+    scores, domains, groups, in_loss, response_mask, correct = make_batch()
     cfg = RewardShapingConfig(
         norm_mean_type="group",
         reward_scale=2.0,
@@ -166,7 +166,7 @@ def test_shape_scores_golden_values_in_order():
         difficulty_mask=DifficultyMaskConfig(low=0.1, high=0.9),
     )
     moments = DomainRewardMoments()
-    shaped, mask, metrics = shape_scores(scores, domains, groups, sample_mask, response_mask, correct, cfg, moments, 8)
+    shaped, mask, metrics = shape_scores(scores, domains, groups, in_loss, response_mask, correct, cfg, moments, 8)
     # difficulty: math group 1 is all right (mean 1) -> masked; group 0 (mean 1/3) and code (0.25) stay.
     assert mask.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     # overlong (max 8, buffer 4): length 8 -> -1, 7 -> -0.75, else 0; group 0: [1, -1, 0] mean 0 -> *2 -> [2,-2,0]
@@ -182,11 +182,11 @@ def test_shape_scores_golden_values_in_order():
 
 
 def test_shape_scores_keeps_domains_apart():
-    scores, domains, groups, sample_mask, response_mask, correct = make_batch()
+    scores, domains, groups, in_loss, response_mask, correct = make_batch()
     cfg = RewardShapingConfig(norm_mean_type="batch", norm_std_type="batch")
-    mixed, _, _ = shape_scores(scores, domains, groups, sample_mask, response_mask, correct, cfg, DomainRewardMoments(), 8)
+    mixed, _, _ = shape_scores(scores, domains, groups, in_loss, response_mask, correct, cfg, DomainRewardMoments(), 8)
     alone, _, _ = shape_scores(
-        scores[:6], domains[:6], groups[:6], sample_mask[:6], response_mask[:6], correct[:6], cfg, DomainRewardMoments(), 8
+        scores[:6], domains[:6], groups[:6], in_loss[:6], response_mask[:6], correct[:6], cfg, DomainRewardMoments(), 8
     )
     assert torch.allclose(mixed[:6], alone)
     code = scores[6:]
@@ -194,19 +194,19 @@ def test_shape_scores_keeps_domains_apart():
 
 
 def test_shape_scores_ignores_masked_samples_and_applies_the_length_mask():
-    scores, domains, groups, sample_mask, response_mask, correct = make_batch()
-    sample_mask = sample_mask.clone()
-    sample_mask[1] = 0.0  # e.g. the reward worker timed out
+    scores, domains, groups, in_loss, response_mask, correct = make_batch()
+    in_loss = in_loss.clone()
+    in_loss[1] = 0.0  # e.g. the reward worker timed out
     cfg = RewardShapingConfig(
         norm_mean_type="group", norm_std_type="group", length_mask=LengthMaskConfig(max_tokens=7, only_incorrect=True)
     )
     shaped, mask, metrics = shape_scores(
-        scores, domains, groups, sample_mask, response_mask, correct, cfg, DomainRewardMoments(), 8
+        scores, domains, groups, in_loss, response_mask, correct, cfg, DomainRewardMoments(), 8
     )
     noisy_scores = scores.clone()
     noisy_scores[1] = 50.0
     shaped_noisy, _, _ = shape_scores(
-        noisy_scores, domains, groups, sample_mask, response_mask, correct, cfg, DomainRewardMoments(), 8
+        noisy_scores, domains, groups, in_loss, response_mask, correct, cfg, DomainRewardMoments(), 8
     )
     assert torch.equal(shaped, shaped_noisy)
     # code sample 7 is wrong and 8 tokens long -> masked; sample 1 stays masked
@@ -216,14 +216,14 @@ def test_shape_scores_ignores_masked_samples_and_applies_the_length_mask():
 
 
 def test_default_shaping_changes_nothing():
-    scores, domains, groups, sample_mask, response_mask, correct = make_batch()
-    sample_mask = sample_mask.clone()
-    sample_mask[2] = 0.0
+    scores, domains, groups, in_loss, response_mask, correct = make_batch()
+    in_loss = in_loss.clone()
+    in_loss[2] = 0.0
     shaped, mask, _ = shape_scores(
-        scores, domains, groups, sample_mask, response_mask, correct, RewardShapingConfig(), DomainRewardMoments(), 8
+        scores, domains, groups, in_loss, response_mask, correct, RewardShapingConfig(), DomainRewardMoments(), 8
     )
-    assert torch.equal(shaped, scores * sample_mask)
-    assert torch.equal(mask, sample_mask)
+    assert torch.equal(shaped, scores * in_loss)
+    assert torch.equal(mask, in_loss)
 
 
 def test_fresh_running_moments_are_zero_and_one_value_has_no_spread():
@@ -257,12 +257,12 @@ def test_length_mask_spares_correct_responses_only_when_asked():
     assert length_mask(lengths, 10, correct, only_incorrect=True).tolist() == [1.0, 1.0, 0.0]
 
 
-def shape_one_domain(scores, groups, sample_mask, lengths, correct, cfg, max_length=8, domain="math"):
+def shape_one_domain(scores, groups, in_loss, lengths, correct, cfg, max_length=8, domain="math"):
     lengths = torch.tensor(lengths)
     response_mask = (torch.arange(max(lengths.max().item(), 1)) < lengths.unsqueeze(-1)).float()
     moments = DomainRewardMoments()
     shaped, mask, metrics = shape_scores(
-        torch.tensor(scores), [domain] * len(scores), torch.tensor(groups), torch.tensor(sample_mask),
+        torch.tensor(scores), [domain] * len(scores), torch.tensor(groups), torch.tensor(in_loss),
         response_mask, correct, cfg, moments, max_length,
     )
     return shaped, mask, {k.rsplit("/", 1)[1]: v for k, v in metrics.items()}, moments[domain]
@@ -279,7 +279,7 @@ def test_shaping_metrics_count_and_average_over_the_samples_left_in_the_loss():
     shaped, mask, metrics, running = shape_one_domain(
         scores=[1.0, 1, 1, 0, 0, 0, 1, 0],
         groups=[0, 0, 1, 1, 2, 2, 3, 3],
-        sample_mask=[1.0, 1, 1, 1, 1, 0, 1, 1],
+        in_loss=[1.0, 1, 1, 1, 1, 0, 1, 1],
         lengths=[2, 8, 6, 7, 3, 8, 5, 3],
         correct=[True, True, True, False, False, False, True, False],
         cfg=cfg,
@@ -314,10 +314,10 @@ def test_shaping_metrics_with_one_sample_and_with_none_in_the_loss():
 
 
 def test_domain_names_read_from_data_are_matched_by_value():
-    scores, domains, groups, sample_mask, response_mask, correct = make_batch()
+    scores, domains, groups, in_loss, response_mask, correct = make_batch()
     cfg = RewardShapingConfig(norm_mean_type="batch", norm_std_type="batch")
     fresh = ["".join(d) for d in domains]  # new string objects, as decoded from a dataset or a Ray message
-    batch = (groups, sample_mask, response_mask, correct, cfg)
+    batch = (groups, in_loss, response_mask, correct, cfg)
     expected, _, _ = shape_scores(scores, domains, *batch, DomainRewardMoments(), 8)
     got, _, _ = shape_scores(scores, fresh, *batch, DomainRewardMoments(), 8)
     assert torch.equal(got, expected)

@@ -262,7 +262,7 @@ def test_filters_counts_and_the_batch_one_prompt_at_a_time():
     assert m["scheduler/math/peak_in_flight"] == 1 and m["scheduler/math/bound_hit"] == 0
     assert batch["scores"].tolist() == [float(a == "1") for i in kept for a in PATTERNS[patterns[i]]]
     mask = [0.0 if patterns[i] == "cut" and j < 2 else 1.0 for i in kept for j in range(N)]
-    assert batch["sample_mask"].tolist() == mask
+    assert batch["in_loss"].tolist() == mask
     assert m["scheduler/math/responses_masked_by_filters"] == mask.count(0.0)
     # The truncated filter read each response's finish reason; its length is the mask's (1 or 2 EOS here).
     assert batch.meta["finish_reason"][: 2 * N] == [
@@ -285,7 +285,7 @@ def test_a_response_filters_options_reach_it(monkeypatch):
     cfg = config(response_filters="{shorter_than: {tokens: 3}}")
     batch, m = step(make(cfg, rows_of(["half"] * 2), Infer()), 1)
     # the stand-in's responses are 2 and 3 tokens long by turns (1 or 2 EOS)
-    assert batch["sample_mask"].tolist() == [1.0, 0.0, 1.0, 0.0] and m["scheduler/math/responses_masked_by_filters"] == 2
+    assert batch["in_loss"].tolist() == [1.0, 0.0, 1.0, 0.0] and m["scheduler/math/responses_masked_by_filters"] == 2
 
 
 def test_no_filters_draw_exactly_the_share(caplog):
@@ -410,7 +410,7 @@ def test_requests_in_flight_when_the_share_fills_are_aborted():
     assert sorted(infer.aborted) == [f"math/0/{k}" for k in range(2, 6)]
     assert m["scheduler/math/aborted"] == 4 and m["scheduler/math/surplus"] == 0
     assert m["scheduler/math/peak_in_flight"] == 6
-    assert len(batch) == 2 * N and batch["sample_mask"].sum() == 2 * N
+    assert len(batch) == 2 * N and batch["in_loss"].sum() == 2 * N
     # The next step's requests are its own (call 1) and nothing of the aborted ones reaches it.
     infer.hold_from = None
     batch2, m2 = step(s, 2)
@@ -500,15 +500,15 @@ def test_the_bound_trains_on_what_passed_and_masks_the_filler(caplog):
     assert m["scheduler/math/bound_hit"] == 1 and m["scheduler/math/redraws"] == 6
     assert m["scheduler/math/groups_kept"] == 1 and m["scheduler/math/dropped_std_filter"] == 9
     assert len(batch) == 4 * N
-    assert batch["sample_mask"].tolist() == [1.0] * N + [0.0] * (3 * N)
+    assert batch["in_loss"].tolist() == [1.0] * N + [0.0] * (3 * N)
     assert ids(batch)[0] == 9
-    # The filler: the earliest drawn dropped groups, scores kept (masked out of the loss, not zeroed).
+    # The filler: the earliest drawn dropped groups, scores kept (left out of the loss, not zeroed).
     order = [i for i in draw_order(cfg, 10, 10) if i != 9]
     assert ids(batch)[1:] == order[:3] and batch["scores"][N:].tolist() == [1.0] * (3 * N)
     assert [r.getMessage() for r in caplog.records if "bound hit" in r.getMessage()] == [
         "domain 'math': only 1 of 4 groups passed the filters ['std_filter'] after drawing 10 prompts (the bound: "
         "max_prompts_factor 2.5, from rewards.math.max_prompts_factor or dynamic_sampling.max_prompts_factor); "
-        "training on the groups that passed, the rest masked out (bound hit 1 time(s) so far; see "
+        "training on the groups that passed, the rest left out of the loss (bound hit 1 time(s) so far; see "
         "scheduler/math/bound_hit)"
     ]
     assert s.state_dict()["bound_hits"] == 1
@@ -684,7 +684,7 @@ def test_a_dead_reward_worker_passes_the_batch_on_and_all_dead_masks_it(caplog):
     batch, m = step(s, 1)
     assert [r.calls for r in dead] == [1, 1] and m["scheduler/math/reward_worker_failures"] == 2
     assert batch.meta["mask_reason"] == ["worker_lost"] * N
-    assert batch["scores"].tolist() == [0.0] * N and batch["sample_mask"].tolist() == [0.0] * N
+    assert batch["scores"].tolist() == [0.0] * N and batch["in_loss"].tolist() == [0.0] * N
     assert m["reward/math/masked_worker_lost"] == N and "scheduler/math/reward_mean" not in m
 
 
@@ -746,7 +746,7 @@ def test_the_batch_carries_the_generators_log_probs_and_the_rows_meta():
     assert batch.meta["tag"] == [rows[first]["tag"]] * N + [rows[1 - first]["tag"]] * N
     assert batch.meta["ground_truth"] == ["1"] * (2 * N) and batch.meta["domain"] == ["math"] * (2 * N)
     assert batch.meta["response_text"][:2] == ["1", "0"] and batch.meta["correct"][:2] == [True, None]
-    assert batch["scores"].tolist()[:2] == [1.0, 0.0] and batch["sample_mask"].tolist()[:2] == [1.0, 0.0]
+    assert batch["scores"].tolist()[:2] == [1.0, 0.0] and batch["in_loss"].tolist()[:2] == [1.0, 0.0]
     assert batch["prompt_ids"][0].tolist() == s.prompt_ids[first] and batch["prompt_mask"].min() == 1
     assert batch["response_mask"].sum(-1).tolist()[:2] == [2.0, 3.0]
     assert "infer_log_probs" not in step(make(config(), rows, Infer()), 1)[0].tensors
@@ -807,7 +807,7 @@ def test_validation_is_every_prompt_unfiltered_in_requests_of_sixteen():
     assert batch.meta["id"] == [r["id"] for r in val]
     assert batch["scores"].tolist() == [float(PATTERNS[p][0] == "1") for p in ["same1", "same0", "half"] * 7]
     assert [(r[0], r[1], r[2]) for r in infer.requests] == [("math/val0/0", 16, None), ("math/val0/16", 5, None)]
-    assert batch["sample_mask"].tolist() == [1.0] * len(val)
+    assert batch["in_loss"].tolist() == [1.0] * len(val)
 
 
 def test_validation_with_k_samples_groups_them_and_a_cap_takes_the_first_prompts():

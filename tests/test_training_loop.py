@@ -59,7 +59,7 @@ def test_the_loop_runs_every_epoch_minibatch_and_micro_batch_on_the_strategys_de
     worker = CountingWorker(load_config(EXAMPLES / "math_code.yaml", overrides).config)
     mask = torch.ones(16, 3)
     mask[:, 2] = 0  # two tokens per response
-    batch = Batch({"response_mask": mask, "sample_mask": torch.ones(16)})
+    batch = Batch({"response_mask": mask, "in_loss": torch.ones(16)})
     metrics = worker.train_loop(batch)
     # 2 epochs x 2 mini-batches of 8 x 2 micro-batches of 4
     assert [n for n, *_ in worker.seen] == [4] * 8
@@ -78,13 +78,13 @@ def test_a_minibatch_with_no_sample_in_the_loss_takes_no_optimizer_step():
     overrides = ["actor_train.training_args.per_device_train_batch_size=4",
                  "actor_train.training_args.gradient_accumulation_steps=2"]
     worker = CountingWorker(load_config(EXAMPLES / "math_code.yaml", overrides).config)
-    sample_mask = torch.ones(16)
-    sample_mask[8:] = 0  # the second mini-batch of 8 is all masked
-    metrics = worker.train_loop(Batch({"response_mask": torch.ones(16, 3), "sample_mask": sample_mask}))
+    in_loss = torch.ones(16)
+    in_loss[8:] = 0  # the second mini-batch of 8 is all masked
+    metrics = worker.train_loop(Batch({"response_mask": torch.ones(16, 3), "in_loss": in_loss}))
     assert worker.strategy.calls == ["backward", "step"] * 2 + ["grad_norm"]
     assert metrics == {"test/size": 4.0 * 2, "test/grad_norm": 2.0, "test/optimizer_steps_skipped": 1.0,
                        "test/minibatches_trained": 1.0}
     worker.strategy.calls.clear()
-    everything_masked = worker.train_loop(Batch({"response_mask": torch.ones(16, 3), "sample_mask": torch.zeros(16)}))
+    everything_masked = worker.train_loop(Batch({"response_mask": torch.ones(16, 3), "in_loss": torch.zeros(16)}))
     assert worker.strategy.calls == []
     assert everything_masked == {"test/optimizer_steps_skipped": 2.0, "test/minibatches_trained": 0.0}

@@ -49,4 +49,4 @@ def test_a_reward_worker_that_stays_dead_has_its_samples_masked_and_counted(pipe
     rollout = pipeline.rollout()
     batch, metrics = rollout.batch, rollout.metrics
     assert metrics["reward/math/masked_worker_lost"] == metrics["reward/math/count"] > 0
-    assert float(batch["sample_mask"].sum()) == 0.0
+    assert float(batch["in_loss"].sum()) == 0.0

@@ -32,7 +32,7 @@ def training_batch(cfg, tokenizer) -> Batch:
             "response_ids": responses,
             "response_mask": response_mask,
             "advantages": torch.randn(SAMPLES, 6, generator=g),
-            "sample_mask": torch.ones(SAMPLES),
+            "in_loss": torch.ones(SAMPLES),
         }
     )
 
@@ -160,7 +160,7 @@ def test_a_batch_of_several_passes_must_bring_its_old_log_probs():
             "response_ids": torch.ones(n, 3, dtype=torch.long),
             "response_mask": torch.ones(n, 3),
             "advantages": torch.zeros(n, 3),
-            "sample_mask": torch.ones(n),
+            "in_loss": torch.ones(n),
         }
     )
     # a second pass needs the old log-probs of every mini-batch from before the first pass's updates

@@ -20,7 +20,7 @@ from workers.training import TrainedWorker, loss_scale
 # fault those pages in again (see release_free_memory).
 RELEASE_INTERVAL_S = 10.0
 
-NEEDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "advantages", "sample_mask")
+NEEDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "advantages", "in_loss")
 
 
 def policy_objective(

@@ -42,7 +42,7 @@ class CriticWorker(TrainedWorker):
         return batched_values(self.strategy.module, batch, self.section.infer_batch_size)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
-        batch.require("values", "returns", "response_mask", "sample_mask", where="critic.train_step")
+        batch.require("values", "returns", "response_mask", "in_loss", where="critic.train_step")
         return self.train_loop(batch)
 
     def objective(self, micro: Batch, norm: float, token_norm: float) -> tuple[torch.Tensor, dict[str, float]]:

@@ -1,7 +1,7 @@
 """Advantage estimators, each (batch tensors) -> (advantages, returns), all (B, R) and zero under the mask.
 
 Every estimator takes the same keyword arguments (the pipeline passes them all; each uses what it needs):
-`token_level_rewards` (B, R), `response_mask` (B, R), `group_ids` (B,), `sample_mask` (B,) (1: the sample is in
+`token_level_rewards` (B, R), `response_mask` (B, R), `group_ids` (B,), `in_loss` (B,) (1: the sample is in
 the loss; 0: it is left out of every statistic), `values` (B, R) or None, `gamma`, `lambd`.
 """
 
@@ -22,8 +22,8 @@ def place_at_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> to
     return rewards
 
 
-def _valid(sample_mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return torch.ones(like.shape[0], dtype=like.dtype) if sample_mask is None else sample_mask.to(like.dtype)
+def _valid(in_loss: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.ones(like.shape[0], dtype=like.dtype) if in_loss is None else in_loss.to(like.dtype)
 
 
 def group_statistics(
@@ -62,17 +62,17 @@ def grpo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
-    sample_mask: torch.Tensor | None = None,
+    in_loss: torch.Tensor | None = None,
     eps: float = 1e-6,
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-relative advantages (Shao et al., DeepSeekMath, arXiv:2402.03300).
 
     Each response's return is its summed reward; its advantage is (return - group mean) / (group std + eps),
-    with the unbiased std over the group's samples whose `sample_mask` is 1, broadcast over its valid tokens.
+    with the unbiased std over the group's samples whose `in_loss` is 1, broadcast over its valid tokens.
     A group of one valid sample gets advantage 0.
     """
-    valid = _valid(sample_mask, token_level_rewards)
+    valid = _valid(in_loss, token_level_rewards)
     returns = _returns(token_level_rewards, response_mask)
     mean, std, count = group_statistics(returns, group_ids, valid)
     scaled = torch.where(count > 1, (returns - mean) / (std + eps), torch.zeros_like(returns))
@@ -84,13 +84,13 @@ def dr_grpo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
-    sample_mask: torch.Tensor | None = None,
+    in_loss: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr. GRPO (Liu et al., "Understanding R1-Zero-Like Training", arXiv:2503.20783): return - group mean, with
     no division by the group's std (which over-weights groups that are nearly all right or all wrong). Pair it
     with loss_agg_mode seq-mean-token-sum-norm, the paper's other half. A group of one valid sample gets 0."""
-    valid = _valid(sample_mask, token_level_rewards)
+    valid = _valid(in_loss, token_level_rewards)
     returns = _returns(token_level_rewards, response_mask)
     mean, _, count = group_statistics(returns, group_ids, valid)
     centred = torch.where(count > 1, returns - mean, torch.zeros_like(returns))
@@ -102,13 +102,13 @@ def rloo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
-    sample_mask: torch.Tensor | None = None,
+    in_loss: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE leave-one-out (Ahmadian et al., "Back to Basics", arXiv:2402.14740; Kool et al. 2019): a
     response's baseline is the mean return of the *other* valid responses of its group, which equals
     n / (n - 1) * (return - group mean). A group of one valid sample gets 0."""
-    valid = _valid(sample_mask, token_level_rewards)
+    valid = _valid(in_loss, token_level_rewards)
     returns = _returns(token_level_rewards, response_mask)
     mean, _, count = group_statistics(returns, group_ids, valid)
     loo = torch.where(count > 1, count / (count - 1.0).clamp(min=1.0) * (returns - mean), torch.zeros_like(returns))
@@ -130,7 +130,7 @@ def discounted_returns(token_level_rewards: torch.Tensor, response_mask: torch.T
 def reinforce_plus_plus_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    sample_mask: torch.Tensor | None = None,
+    in_loss: torch.Tensor | None = None,
     *,
     gamma: float,
     **_: object,
@@ -138,7 +138,7 @@ def reinforce_plus_plus_advantages(
     """REINFORCE++ (Hu, arXiv:2501.03262): each token's discounted return (a token-level KL penalty in the
     rewards makes it differ from token to token), whitened over every valid token of the batch (global
     advantage normalisation, no critic, no group baseline). Returns are the discounted returns."""
-    valid = _valid(sample_mask, token_level_rewards)
+    valid = _valid(in_loss, token_level_rewards)
     mask = response_mask * valid.unsqueeze(1)
     returns = discounted_returns(token_level_rewards, response_mask, gamma)
     return masked_whiten(returns, mask), returns * mask
@@ -149,12 +149,12 @@ def reinforce_plus_plus_baseline_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor,
-    sample_mask: torch.Tensor | None = None,
+    in_loss: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline (Hu, arXiv:2501.03262, v3+): return - group mean (the group baseline), broadcast over
     the response, then whitened over every valid token of the batch."""
-    valid = _valid(sample_mask, token_level_rewards)
+    valid = _valid(in_loss, token_level_rewards)
     mask = response_mask * valid.unsqueeze(1)
     returns = _returns(token_level_rewards, response_mask)
     mean, _, _ = group_statistics(returns, group_ids, valid)

@@ -151,7 +151,7 @@ def length_mask(
 def shape_domain(
     scores: torch.Tensor,
     group_ids: torch.Tensor,
-    sample_mask: torch.Tensor,
+    in_loss: torch.Tensor,
     lengths: torch.Tensor,
     correct: torch.Tensor,
     cfg: RewardShapingConfig,
@@ -161,7 +161,7 @@ def shape_domain(
     """One domain's shaping, all (B,): the sample masks on the raw scores, then the overlong penalty, the running
     moments' update, normalisation, scaling and clipping, in that order. Returns the shaped scores (0 where
     masked), the new sample mask and metrics."""
-    keep = sample_mask.clone()
+    keep = in_loss.clone()
     metrics: dict[str, float] = {}
     if cfg.difficulty_mask is not None:
         by_difficulty = difficulty_mask(scores, group_ids, keep, cfg.difficulty_mask.low, cfg.difficulty_mask.high)
@@ -198,7 +198,7 @@ def shape_scores(
     scores: torch.Tensor,
     domains: Sequence[str],
     group_ids: torch.Tensor,
-    sample_mask: torch.Tensor,
+    in_loss: torch.Tensor,
     response_mask: torch.Tensor,
     correct: Sequence[bool | None],
     cfg: RewardShapingConfig | Mapping[str, RewardShapingConfig],
@@ -209,14 +209,14 @@ def shape_scores(
     domain's own config when `cfg` maps domains to configs. Returns the shaped scores (B,), the sample mask (B,)
     and metrics named reward_shaping/<domain>/<name>."""
     shaped = torch.zeros_like(scores)
-    mask = torch.zeros_like(sample_mask)
+    mask = torch.zeros_like(in_loss)
     lengths = response_mask.sum(1)
     correct_t = torch.tensor([bool(c) for c in correct])
     metrics: dict[str, Any] = {}
     for domain in dict.fromkeys(domains):
         idx = torch.tensor([i for i, d in enumerate(domains) if d == domain], dtype=torch.long)
         s, m, domain_metrics = shape_domain(
-            scores[idx], group_ids[idx], sample_mask[idx], lengths[idx], correct_t[idx],
+            scores[idx], group_ids[idx], in_loss[idx], lengths[idx], correct_t[idx],
             cfg[domain] if isinstance(cfg, Mapping) else cfg, moments[domain], max_length,
         )
         shaped[idx], mask[idx] = s, m

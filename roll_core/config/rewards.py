@@ -100,7 +100,7 @@ class RewardConfig:
     """This domain's redraw bound, overriding dynamic_sampling.max_prompts_factor (e.g. a domain whose groups
     rarely pass its filters may get a lower bound, so redraws do not hold up the step)."""
     response_filters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    """Named response filters: a rejected response stays in its group but leaves the loss (sample_mask 0);
+    """Named response filters: a rejected response stays in its group but leaves the loss (in_loss 0);
     `{truncated: {}}` masks responses cut off by max_new_tokens (DAPO's overlong filtering)."""
     reward_shaping: RewardShapingConfig | None = None
     """This domain's reward shaping, replacing the top-level `reward_shaping` block for it (the whole block: keys

@@ -72,7 +72,7 @@ class DynamicSamplingConfig:
     vLLM, `wave` otherwise. Deterministic runs always send one seeded request per prompt."""
     on_bound: Literal["train_on_passed", "error"] = "train_on_passed"
     """At the bound with too few groups passed: `train_on_passed` fills the empty slots with dropped groups whose
-    samples are masked out of the loss, logs a warning and scheduler/<domain>/bound_hit = 1; `error` stops the
+    samples are left out of the loss (in_loss 0), logs a warning and scheduler/<domain>/bound_hit = 1; `error` stops the
     run with an error naming the domain and its filters."""
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     """Skip rows whose recent groups were uniform before generating them (off by default)."""

@@ -269,29 +269,29 @@ class RLVRPipeline(ClusterRuntime, RunState):
         """Per domain: the loss-side sample masks and the shaped scores (cfg.reward_shaping), placed at each
         response's last token; then the KL penalty on every token when add_token_level_kl is on."""
         cfg = self.cfg
-        scores, sample_mask, metrics = shape_scores(
+        scores, in_loss, metrics = shape_scores(
             batch["scores"],
             batch.meta["domain"],
             batch["group_ids"],
-            batch["sample_mask"],
+            batch["in_loss"],
             batch["response_mask"],
             batch.meta["correct"],
             {domain: cfg.shaping_for(domain) for domain in cfg.rewards},
             self.reward_moments,
             max_length=cfg.actor_infer.generating_args.max_new_tokens,
         )
-        self.shaped_scores = scores * sample_mask  # for the training sample table
+        self.shaped_scores = scores * in_loss  # for the training sample table
         rewards = place_at_last_token(scores, batch["response_mask"])
         if cfg.add_token_level_kl:
-            mask = loss_mask(batch.update({"sample_mask": sample_mask}))
+            mask = loss_mask(batch.update({"in_loss": in_loss}))
             coef = self.kl_ctrl.value
             rewards, kl = kl_penalty_rewards(
                 rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, coef, cfg.kl_penalty
             )
-            current_kl = float(kl.sum() / sample_mask.sum().clamp(min=1.0))
+            current_kl = float(kl.sum() / in_loss.sum().clamp(min=1.0))
             self.kl_ctrl.update(current_kl, n_steps=len(batch))
             metrics |= {"kl_penalty/kl": current_kl, "kl_penalty/coef": coef}
-        return batch.update({"token_level_rewards": rewards, "sample_mask": sample_mask}), metrics
+        return batch.update({"token_level_rewards": rewards, "in_loss": in_loss}), metrics
 
     def log_train_samples(self, batch: Batch) -> None:
         """Every tracking.logging_steps steps, the step's training samples as an MLflow table."""
@@ -309,7 +309,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             prompts,
             self.shaped_scores.tolist(),
             ((batch["advantages"] * mask).sum(1) / tokens).tolist(),
-            (batch["sample_mask"] > 0).tolist(),
+            (batch["in_loss"] > 0).tolist(),
             t.train_sample_rows_per_domain,
         )
         self.tracker.log_table(table, train_table_file(self.global_step))
@@ -337,7 +337,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             token_level_rewards=batch["token_level_rewards"],
             response_mask=batch["response_mask"],
             group_ids=batch["group_ids"],
-            sample_mask=batch["sample_mask"],
+            in_loss=batch["in_loss"],
             values=batch.tensors.get("values"),
             gamma=self.cfg.gamma,
             lambd=self.cfg.lambd,
