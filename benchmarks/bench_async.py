@@ -39,7 +39,7 @@ def run_once(config: str, steps: int, overrides: list[str], out: Path) -> dict:
     try:
         pipeline.setup()
         summary = pipeline.run(on_step=lambda step, metrics: marks.append(time.perf_counter()))
-        staleness = [m.get("offpolicy/staleness", 0.0) for m in pipeline.history.values() if "time/step_s" in m]
+        staleness = [m.get("offpolicy/staleness", 0.0) for m in pipeline.loop.history.values() if "time/step_s" in m]
     finally:
         pipeline.shutdown()
     gaps = [b - a for a, b in zip(marks, marks[1:], strict=False)][2:-1]  # not warm-up, not the last (validates)

@@ -47,7 +47,7 @@ def one_run(steps: int, eval_steps: int, out: Path, mixer: str) -> dict:
         pipeline.setup()
         start = time.perf_counter()
         pipeline.run(on_step=lambda step, metrics: ends.__setitem__(step, time.perf_counter() - start))
-        history = dict(pipeline.history)
+        history = dict(pipeline.loop.history)
     finally:
         pipeline.shutdown()
     return {"ends": ends, "history": history}

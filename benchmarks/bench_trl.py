@@ -141,7 +141,7 @@ def run_pipeline(config: Path, steps: int, out: Path, extra: list[str] | None = 
         start = time.perf_counter()
         summary = pipeline.run(on_step=lambda step, metrics: marks.append(time.perf_counter()))
         kept = before_shutdown(pipeline) if before_shutdown else None
-        history = dict(pipeline.history)
+        history = dict(pipeline.loop.history)
     finally:
         pipeline.shutdown()
     validates_last = summary["end"] is not None and summary["end"]["step"] == steps
@@ -195,8 +195,8 @@ def run_ours(config: Path, steps: int, out: Path, seed: int) -> dict[str, Any]:
         out,
         [f"seed={seed}"],
         before_shutdown=lambda p: (
-            p.actor_train.call_rank0("get_weights"),
-            p.actor_infer.call("batch_stats")[0],
+            p.runtime.actor_train.call_rank0("get_weights"),
+            p.runtime.actor_infer.call("batch_stats")[0],
         ),
     )
     weights, stats = run["kept"]

@@ -14,7 +14,6 @@ from roll_core.algorithms.advantages import advantage_metrics
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import ConfigError
 from roll_core.models.forward import log_probs_from_logits
-from roll_pipeline.driver import pipeline as pipeline_module
 from roll_pipeline.driver.names import load_run_config
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from tests.conftest import EXAMPLES
@@ -122,7 +121,7 @@ def test_shape_rewards_applies_the_kl_penalty_and_adapts_its_coefficient():
     # per-response mean KL: 0.5, 0.5, 1.0 -> 2/3 over the 3 samples in the loss; error clipped to +0.2, 4 samples
     assert metrics["kl_penalty/kl"] == pytest.approx(2 / 3)
     assert metrics["kl_penalty/coef"] == 0.1
-    assert pipeline.kl_ctrl.value == pytest.approx(0.1 * (1 + 0.2 * 4 / 40))
+    assert pipeline.loop.kl_ctrl.value == pytest.approx(0.1 * (1 + 0.2 * 4 / 40))
     assert metrics["reward_shaping/math/samples_in_loss"] == 3.0
 
 
@@ -236,14 +235,14 @@ class FakeCluster:
 
 
 def test_critic_warmup_trains_only_the_critic_for_its_steps(monkeypatch):
-    monkeypatch.setattr(pipeline_module.RLVRPipeline, "wait_for", lambda self, refs, names: refs)
     pipeline = RLVRPipeline(config(*GAE, "critic_warmup=2"))
-    pipeline.actor_train, pipeline.critic = FakeCluster("actor"), FakeCluster("critic")
+    monkeypatch.setattr(pipeline.runtime, "wait_for", lambda refs, names: refs)
+    pipeline.runtime.actor_train, pipeline.runtime.critic = FakeCluster("actor"), FakeCluster("critic")
     seen = []
     for step in (1, 2, 3):
-        pipeline.global_step = step
+        pipeline.loop.step = step
         seen.append(pipeline.train(Batch()))
-    assert pipeline.critic.calls == 3 and pipeline.actor_train.calls == 1
+    assert pipeline.runtime.critic.calls == 3 and pipeline.runtime.actor_train.calls == 1
     assert [m["critic/warmup"] for m in seen] == [1.0, 1.0, 0.0]
     assert "actor/loss" not in seen[0] and seen[2]["actor/loss"] == 2.0  # averaged over the actor's ranks only
     assert seen[2]["critic/loss"] == 2.0
@@ -280,11 +279,11 @@ class LogProbCluster:
 def test_the_log_prob_stage_skips_actor_train_when_the_update_gives_them():
     for overrides, asks_actor in (((), False), (("ppo_epochs=2",), True)):
         pipeline = RLVRPipeline(config("use_kl_loss=true", *overrides))
-        pipeline.actor_train, pipeline.reference = LogProbCluster(-1.0), LogProbCluster(-2.0)
+        pipeline.runtime.actor_train, pipeline.runtime.reference = LogProbCluster(-1.0), LogProbCluster(-2.0)
         batch = pipeline.compute_log_probs(Batch({"response_mask": torch.ones(2, 3)}))
-        assert pipeline.actor_train.calls == int(asks_actor)
+        assert pipeline.runtime.actor_train.calls == int(asks_actor)
         assert ("old_log_probs" in batch) == asks_actor
-        assert pipeline.reference.calls == 1 and batch["ref_log_probs"].eq(-2.0).all()
+        assert pipeline.runtime.reference.calls == 1 and batch["ref_log_probs"].eq(-2.0).all()
 
 
 def offpolicy_batch() -> Batch:
@@ -305,7 +304,7 @@ def test_importance_weights_are_the_training_policy_over_the_sampling_one():
     trained over the one that sampled), truncated at infer_is_cap, its statistics over the tokens in the loss, and
     the staleness in updates. Swapping the two log-probs changes every number checked here."""
     pipeline = RLVRPipeline(config("infer_is_cap=1.5"))
-    pipeline.trained_version = 3
+    pipeline.loop.trained_version = 3
     batch, metrics = pipeline.importance_weights(offpolicy_batch(), generated_with=2)
     e = math.exp
     in_loss = [0.5, -1.0, 0.0, 0.0, 1.0]  # old - infer on the 5 tokens in the loss
@@ -326,7 +325,7 @@ def test_importance_weights_are_the_training_policy_over_the_sampling_one():
     # without inference log-probs (not collected): the staleness alone
     plain = offpolicy_batch().select(range(3))
     plain = Batch({k: plain[k] for k in ("response_mask", "in_loss", "old_log_probs")})
-    pipeline.trained_version = 6
+    pipeline.loop.trained_version = 6
     _, metrics = pipeline.importance_weights(plain, generated_with=3)
     assert metrics == {"offpolicy/staleness": 3.0}
 

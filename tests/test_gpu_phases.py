@@ -95,8 +95,8 @@ def test_vllm_sharing_its_gpus_sleeps_after_validation_keeping_its_weights(examp
     from roll_pipeline.driver.pipeline import RLVRPipeline
 
     pipeline = RLVRPipeline(load_config(example))
-    pipeline.actor_infer, pipeline.answer_keys = RecordingCluster(), {}
+    pipeline.runtime.actor_infer, pipeline.answer_keys = RecordingCluster(), {}
     monkeypatch.setattr(pipeline, "_settle", lambda: None)
     monkeypatch.setattr(pipeline, "on_schedulers", lambda *args: [])  # no validation prompts: only the phases
     pipeline.validate()
-    assert pipeline.actor_infer.calls == calls
+    assert pipeline.runtime.actor_infer.calls == calls

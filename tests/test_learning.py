@@ -75,10 +75,10 @@ def test_example_config_raises_validation_accuracy(example, extra, tmp_path, tin
     start, end = summary["start"]["val_correct/all/mean"], summary["end"]["val_correct/all/mean"]
     print(f"{example} {extra}: val_correct/all/mean {start:.3f} at step 0 -> {end:.3f} at step {summary['steps']}")
     assert summary["steps"] == STEPS
-    staleness = [pipeline.history[s]["offpolicy/staleness"] for s in range(1, STEPS + 1)]
+    staleness = [pipeline.loop.history[s]["offpolicy/staleness"] for s in range(1, STEPS + 1)]
     if extra:  # every batch after the first was generated one update behind, and weighted for it
         assert staleness == [0.0] + [1.0] * (STEPS - 1)
-        assert all(pipeline.history[s]["offpolicy/is_weight_mean"] > 0 for s in range(1, STEPS + 1))
+        assert all(pipeline.loop.history[s]["offpolicy/is_weight_mean"] > 0 for s in range(1, STEPS + 1))
     else:
         assert staleness == [0.0] * STEPS
     # At least 2 more of the 32 prompts answered right. Measured with `python -m benchmarks.learning_spread --seeds

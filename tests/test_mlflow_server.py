@@ -302,7 +302,7 @@ def test_server_outage_mid_run_loses_and_repeats_nothing(tmp_path, tiny_model, m
         run = client.get_run(run_id)
         assert run.info.status == "FINISHED"
         expected: dict[str, list[int]] = {}
-        for step, metrics in pipeline.history.items():
+        for step, metrics in pipeline.loop.history.items():
             for key, value in metrics.items():
                 if value == value:  # NaN is not logged
                     expected.setdefault(key, []).append(step)

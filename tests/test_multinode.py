@@ -52,7 +52,7 @@ def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_mode
         pipeline.setup()
         nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         assert len(nodes) == 2
-        for cluster in (pipeline.actor_infer, pipeline.actor_train):
+        for cluster in (pipeline.runtime.actor_infer, pipeline.runtime.actor_train):
             placed = cluster.node_ids()
             assert len(set(placed)) == 2 and set(placed) == nodes, (
                 f"{cluster.name} ranks share a node: {placed}"
@@ -62,7 +62,7 @@ def test_workers_land_on_different_nodes_and_a_run_completes(tmp_path, tiny_mode
         summary = pipeline.run()
         assert summary["steps"] == 2
         # both actor_infer ranks served generation requests
-        served = [ray.get(w.batch_sizes.remote()) for w in pipeline.actor_infer.workers]
+        served = [ray.get(w.batch_sizes.remote()) for w in pipeline.runtime.actor_infer.workers]
         assert all(sum(s) > 0 for s in served), served
     finally:
         pipeline.shutdown()

@@ -96,9 +96,9 @@ def test_the_driver_offloads_the_trained_clusters_that_ask_for_it_before_each_ro
             self.calls.append(method)
 
     overrides = ["actor_train.offload_states=true", "actor_train.strategy_args.strategy_config.zero_optimization.stage=2"]
-    pipeline = RLVRPipeline.__new__(RLVRPipeline)  # only the config and the cluster handles are needed
-    for cfg, expected in ((load_config(EXAMPLES / "ppo_gae.yaml", overrides).config, ["offload_states"]),
-                          (load_config(EXAMPLES / "ppo_gae.yaml").config, [])):
-        pipeline.cfg, pipeline.actor_train, pipeline.critic = cfg, Cluster(), Cluster()
+    for resolved, expected in ((load_config(EXAMPLES / "ppo_gae.yaml", overrides), ["offload_states"]),
+                               (load_config(EXAMPLES / "ppo_gae.yaml"), [])):
+        pipeline = RLVRPipeline(resolved)  # no cluster starts before setup(): the handles are stand-ins
+        pipeline.runtime.actor_train, pipeline.runtime.critic = Cluster(), Cluster()
         pipeline.offload_trained_states()
-        assert pipeline.actor_train.calls == expected and pipeline.critic.calls == []
+        assert pipeline.runtime.actor_train.calls == expected and pipeline.runtime.critic.calls == []

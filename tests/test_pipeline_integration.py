@@ -55,11 +55,11 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
     try:
         pipeline.setup()
         clusters = {
-            "actor_train": pipeline.actor_train,
-            "actor_infer": pipeline.actor_infer,
-            "reference": pipeline.reference,
-            "critic": pipeline.critic,
-            **{c.name: c for c in pipeline.reward_clusters()},
+            "actor_train": pipeline.runtime.actor_train,
+            "actor_infer": pipeline.runtime.actor_infer,
+            "reference": pipeline.runtime.reference,
+            "critic": pipeline.runtime.critic,
+            **{c.name: c for c in pipeline.runtime.reward_clusters()},
         }
         assert set(clusters) == {"actor_train", "actor_infer", "reference", "critic", "reward_math", "reward_code"}
         for name, cluster in clusters.items():
@@ -67,7 +67,7 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         pids = {name: ray.get(c.workers[0].__ray_call__.remote(lambda self: __import__("os").getpid())) for name, c in clusters.items()}
         assert len(set(pids.values())) == len(pids), "every cluster runs in its own process"
 
-        before = pipeline.actor_train.call_rank0("get_weights")
+        before = pipeline.runtime.actor_train.call_rank0("get_weights")
         rollout = pipeline.rollout()
         batch = rollout.batch
         assert len(batch) == 4 * 4
@@ -92,9 +92,9 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         metrics = pipeline.train(batch)
         assert {"actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/value_loss"} <= set(metrics)
         pipeline.sync_weights()
-        after = pipeline.actor_train.call_rank0("get_weights")
+        after = pipeline.runtime.actor_train.call_rank0("get_weights")
         assert any(not torch.equal(before[k], after[k]) for k in before), "the policy's parameters changed"
-        synced = pipeline.actor_infer.workers[0].__ray_call__.remote(
+        synced = pipeline.runtime.actor_infer.workers[0].__ray_call__.remote(
             lambda self: {k: v.clone() for k, v in self.strategy.model.state_dict().items()}
         )
         synced = ray.get(synced)

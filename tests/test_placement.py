@@ -416,8 +416,8 @@ def test_a_run_with_colocated_device_mapped_clusters_completes(tmp_path, tiny_mo
     start_local_ray(5, num_gpus=1, log_to_driver=False)  # 4 workers and the schedulers
     try:
         pipeline.setup()
-        (group,) = pipeline.device_pool.groups
-        for cluster in (pipeline.actor_train, pipeline.actor_infer):
+        (group,) = pipeline.runtime.device_pool.groups
+        for cluster in (pipeline.runtime.actor_train, pipeline.runtime.actor_infer):
             (worker,) = cluster.workers
             placed = ray.get(
                 worker.__ray_call__.remote(

@@ -249,7 +249,7 @@ def test_resume_restores_every_rng_state(tmp_path, tiny_model, mlflow_db):
     pipeline = RLVRPipeline(load_config(config(tmp_path, tiny_model), overrides))
     try:
         pipeline.setup()
-        infer, train = pipeline.actor_infer.workers[0], pipeline.actor_train.workers[0]
+        infer, train = pipeline.runtime.actor_infer.workers[0], pipeline.runtime.actor_train.workers[0]
         started = ray.get(infer.rng_state.remote())
         pipeline.run()  # one unseeded step, then its checkpoint
         checkpoint = latest_checkpoint(checkpoint_root(tmp_path / "run"))
@@ -257,7 +257,7 @@ def test_resume_restores_every_rng_state(tmp_path, tiny_model, mlflow_db):
         assert not same_rng_states(saved["infer"], started), "sampling drew from actor_infer's RNG"
         # Every process draws on: the states move away from the saved ones.
         args = pipeline.cfg.actor_infer.generating_args
-        pipeline.actor_infer.call("generate_request", "draw", [[1, 2, 3]], args, 2)
+        pipeline.runtime.actor_infer.call("generate_request", "draw", [[1, 2, 3]], args, 2)
         ray.get(train.__ray_call__.remote(lambda self: __import__("torch").rand(3)))
         random.random()
         np.random.rand()

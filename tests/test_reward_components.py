@@ -118,12 +118,12 @@ def test_a_run_scores_with_both_rewards_and_logs_each_under_its_name(tmp_path, t
     pipeline = RLVRPipeline(load_config(EXAMPLES / "reward_model.yaml", overrides))
     try:
         pipeline.setup()
-        assert sorted(c.name for c in pipeline.reward_clusters()) == ["reward_math_math_rule", "reward_math_reward_model"]
+        assert sorted(c.name for c in pipeline.runtime.reward_clusters()) == ["reward_math_math_rule", "reward_math_reward_model"]
         pipeline.run()
     finally:
         pipeline.shutdown()
         ray.shutdown()
-    m = pipeline.history[1]
+    m = pipeline.loop.history[1]
     assert m["reward/math/masked"] == m["reward/math/math_rule/masked"] == m["reward/math/reward_model/masked"] == 0
     assert m["reward/math/count"] == m["reward/math/reward_model/count"] >= 16
     assert m["reward/math/score"] == pytest.approx(

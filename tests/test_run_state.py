@@ -1,6 +1,6 @@
-"""The run's checkpoint as RunState writes and reads it, in this process: every piece of loop state saved by
-`save_checkpoint` comes back from `restore` into a fresh driver, and what goes to the clusters goes to the right
-one. The clusters and schedulers are stand-ins that record what they are asked (the slow tests/test_resume.py
+"""The run's checkpoint as RLVRPipeline writes and reads it (run_state.py), in this process: every piece of loop
+state saved by `save_checkpoint` comes back from `restore` into a fresh driver, and what goes to the clusters goes
+to the right one. The clusters and schedulers are stand-ins that record what they are asked (the slow tests/test_resume.py
 resumes real runs bitwise); everything else (the KL controller, the reward moments, the mixer, the validation
 outcomes, the RNGs, the checkpoint folder) is the real thing.
 
@@ -18,10 +18,12 @@ import torch
 
 from roll_core.algorithms.kl import AdaptiveKLController
 from roll_core.algorithms.mixing import MixState
-from roll_core.algorithms.shaping import DomainRewardMoments
 from roll_core.batch import Batch
 from roll_pipeline.driver.checkpoint import STATE_FILE, checkpoint_root, latest_checkpoint
-from roll_pipeline.driver.run_state import PENDING_ROLLOUT_FILE, RNG_FILE, Rollout, RunState
+from roll_pipeline.driver.loop_state import PENDING_ROLLOUT_FILE, FirstValidation, LoopState, Rollout
+from roll_pipeline.driver.pipeline import RLVRPipeline
+from roll_pipeline.driver.run_state import RNG_FILE, warn_config_changes
+from roll_pipeline.driver.runtime import ClusterRuntime
 from roll_pipeline.driver.significance import PromptOutcome
 
 
@@ -68,41 +70,19 @@ class Infer:
         return refs
 
 
-class Driver(RunState):
-    """What RunState reads of RLVRPipeline, with the clusters stood in for."""
+class Runtime(ClusterRuntime):
+    """The clusters and schedulers stood in for; waits record the calls waited for."""
 
-    def __init__(self, output_dir, critic=True, tracker=True, infer_world=2, config=None):
-        self.cfg = SimpleNamespace(output_dir=str(output_dir), max_checkpoints_to_keep=2)
-        self.resolved = SimpleNamespace(to_dict=lambda: config or {"seed": 1, "lr": 0.1})
+    def __init__(self, cfg, critic, infer_world, events) -> None:
+        super().__init__(cfg)
+        self.events = events
         self.actor_train = Trained()
         self.critic = Trained() if critic else None
         self.actor_infer = Infer(infer_world)
-        self.events: list[tuple] = []
         self.schedulers = {
             d: SimpleNamespace(load_state_dict=Remote(self.events, f"scheduler[{d}].load_state_dict"))
             for d in ("math", "code")
         }
-        self.tracker = (
-            SimpleNamespace(run_id="run-7", spool=SimpleNamespace(path=output_dir / "spool")) if tracker else None
-        )
-        self.trained_version = 0
-        self.global_step = 0
-        self.history: dict[int, dict[str, float]] = {}
-        self.val_outcomes = None
-        self.first_val_outcomes = None
-        self.first_val_step = None
-        self.mix_state = MixState()
-        self.reward_moments = DomainRewardMoments()
-        self.kl_ctrl = AdaptiveKLController(kl_coef=0.1, target_kl=0.05, horizon=100)
-        self.next_rollout = None
-        self.resumed_from = None
-
-    # the runtime's part
-    def _settle(self):
-        self.events.append(("settle",))
-
-    def ensure_synced(self):
-        self.events.append(("ensure_synced", self.trained_version))
 
     def on_schedulers(self, method):
         assert method == "state_dict"
@@ -113,16 +93,38 @@ class Driver(RunState):
         return refs
 
 
+class Driver(RLVRPipeline):
+    """RLVRPipeline with its runtime stood in for; settling an async rollout and syncing the weights recorded."""
+
+    def __init__(self, output_dir, critic=True, tracker=True, infer_world=2, config=None):
+        self.cfg = SimpleNamespace(output_dir=str(output_dir), max_checkpoints_to_keep=2)
+        self.resolved = SimpleNamespace(to_dict=lambda: config or {"seed": 1, "lr": 0.1})
+        self.events: list[tuple] = []
+        self.runtime = Runtime(self.cfg, critic, infer_world, self.events)
+        self.tracker = (
+            SimpleNamespace(run_id="run-7", spool=SimpleNamespace(path=output_dir / "spool")) if tracker else None
+        )
+        self.loop = LoopState(kl_ctrl=AdaptiveKLController(kl_coef=0.1, target_kl=0.05, horizon=100))
+        self.resumed_from = None
+
+    def _settle(self):
+        self.events.append(("settle",))
+
+    def ensure_synced(self):
+        self.events.append(("ensure_synced", self.loop.trained_version))
+
+
 def played(driver: Driver) -> Driver:
     """A driver some steps into a run: every piece of loop state away from its start."""
-    driver.trained_version = 5
-    driver.history = {1: {"loss": 0.5}, 4: {"loss": 0.25}}
-    driver.val_outcomes = {"p1": PromptOutcome("add", 1, 2), "p2": PromptOutcome("list", 0, 1)}
-    driver.first_val_outcomes, driver.first_val_step = {"p1": PromptOutcome("add", 0, 2)}, 0
-    driver.mix_state = MixState(rate={"math": 2.5}, accuracy={"math": 0.4, "code": 0.2}, gain={"code": 0.1})
-    driver.reward_moments["math"].update(torch.tensor([1.0, 0.0, 0.5]))
-    driver.kl_ctrl.update(0.2, 8)
-    driver.next_rollout = Rollout(
+    loop = driver.loop
+    loop.trained_version = 5
+    loop.history = {1: {"loss": 0.5}, 4: {"loss": 0.25}}
+    loop.val_outcomes = {"p1": PromptOutcome("add", 1, 2), "p2": PromptOutcome("list", 0, 1)}
+    loop.first_val = FirstValidation(0, {"p1": PromptOutcome("add", 0, 2)})
+    loop.mixer = MixState(rate={"math": 2.5}, accuracy={"math": 0.4, "code": 0.2}, gain={"code": 0.1})
+    loop.reward_moments["math"].update(torch.tensor([1.0, 0.0, 0.5]))
+    loop.kl_ctrl.update(0.2, 8)
+    loop.pending_rollout = Rollout(
         version=4,
         batch=Batch({"scores": torch.tensor([1.0, 0.0])}, {"id": ["a", "b"]}),
         metrics={"rollout/x": 3.0},
@@ -131,15 +133,16 @@ def played(driver: Driver) -> Driver:
 
 
 def state_of(driver: Driver) -> dict:
+    loop = driver.loop
     return {
-        "trained_version": driver.trained_version,
-        "global_step": driver.global_step,
-        "history": driver.history,
-        "val_outcomes": driver.val_outcomes,
-        "first_val": (driver.first_val_step, driver.first_val_outcomes),
-        "mixer": driver.mix_state.state_dict(),
-        "moments": driver.reward_moments.state_dict(),
-        "kl": driver.kl_ctrl.state_dict(),
+        "trained_version": loop.trained_version,
+        "global_step": loop.step,
+        "history": loop.history,
+        "val_outcomes": loop.val_outcomes,
+        "first_val": (loop.first_val.step, loop.first_val.outcomes) if loop.first_val else (None, None),
+        "mixer": loop.mixer.state_dict(),
+        "moments": loop.reward_moments.state_dict(),
+        "kl": loop.kl_ctrl.state_dict(),
     }
 
 
@@ -156,30 +159,30 @@ def test_a_restored_driver_has_every_piece_of_state_the_saved_one_had(tmp_path):
     assert saved.events[0] == ("settle",)  # the pending rollout is settled before anything is written
     # written into the folder that becomes the checkpoint once complete (checkpoint.py: step_7.tmp, renamed)
     staged = path.with_name("step_7.tmp")
-    assert saved.actor_train.calls == [("save_checkpoint", str(staged / "actor_train"), {"step": 7})]
-    assert saved.critic.calls == [("save_checkpoint", str(staged / "critic"), {"step": 7})]
+    assert saved.runtime.actor_train.calls == [("save_checkpoint", str(staged / "actor_train"), {"step": 7})]
+    assert saved.runtime.critic.calls == [("save_checkpoint", str(staged / "critic"), {"step": 7})]
     assert json.loads((path / "actor_train" / "engine.pt").read_text()) == {"step": 7}
 
     fresh = Driver(tmp_path)
     state = fresh.restore(path)
     assert draws() == after_save  # the driver's RNGs continue where the saved run's were
-    assert state["step"] == 7 and fresh.global_step == 7 and fresh.resumed_from == path
+    assert state["step"] == 7 and fresh.loop.step == 7 and fresh.resumed_from == path
     expected = {**state_of(saved), "global_step": 7}
     assert state_of(fresh) == expected
-    assert isinstance(next(iter(fresh.history)), int)
-    assert fresh.next_rollout.version == 4 and fresh.next_rollout.metrics == {"rollout/x": 3.0}
-    assert fresh.next_rollout.refs is None
-    assert fresh.next_rollout.batch["scores"].tolist() == [1.0, 0.0] and fresh.next_rollout.batch.meta["id"] == ["a", "b"]
+    assert isinstance(next(iter(fresh.loop.history)), int)
+    assert fresh.loop.pending_rollout.version == 4 and fresh.loop.pending_rollout.metrics == {"rollout/x": 3.0}
+    assert fresh.loop.pending_rollout.refs is None
+    assert fresh.loop.pending_rollout.batch["scores"].tolist() == [1.0, 0.0] and fresh.loop.pending_rollout.batch.meta["id"] == ["a", "b"]
     # The clusters: weights first, then the synced version; schedulers, then each actor_infer worker's RNG.
-    assert fresh.actor_train.calls == [("load_checkpoint", str(path / "actor_train"))]
-    assert fresh.critic.calls == [("load_checkpoint", str(path / "critic"))]
+    assert fresh.runtime.actor_train.calls == [("load_checkpoint", str(path / "actor_train"))]
+    assert fresh.runtime.critic.calls == [("load_checkpoint", str(path / "critic"))]
     assert fresh.events == [
         ("ensure_synced", 5),
         ("scheduler[math].load_state_dict", {"domain": "math", "position": 3}),
         ("scheduler[code].load_state_dict", {"domain": "code", "position": 4}),
         ("wait_for", ["scheduler[math].load_state_dict", "scheduler[code].load_state_dict"]),
     ]
-    assert fresh.actor_infer.log == [
+    assert fresh.runtime.actor_infer.log == [
         ("load_rng_state[0]", {"worker": 0, "state": 100}),
         ("load_rng_state[1]", {"worker": 1, "state": 101}),
         ("wait", "load_rng_state", 2),
@@ -204,9 +207,9 @@ def test_a_run_without_critic_tracker_pending_rollout_or_outcomes(tmp_path):
     path = saved.save_checkpoint(1)
     assert not (path / PENDING_ROLLOUT_FILE).exists() and not (path / "critic").exists()
     fresh = Driver(tmp_path, critic=False, tracker=False)
-    fresh.next_rollout = None
+    fresh.loop.pending_rollout = None
     state = fresh.restore(path)
-    assert fresh.next_rollout is None and fresh.val_outcomes is None and fresh.first_val_outcomes is None
+    assert fresh.loop.pending_rollout is None and fresh.loop.val_outcomes is None and fresh.loop.first_val is None
     assert state["mlflow_run_id"] is None and state["mlflow_spool"] is None
 
 
@@ -216,10 +219,10 @@ def test_a_checkpoint_from_before_the_mixer_and_outcomes_were_kept_still_restore
     del state["mixer"], state["val_outcomes"], state["first_val"]
     (path / STATE_FILE).write_text(json.dumps(state))
     fresh = Driver(tmp_path)
-    fresh.mix_state = MixState(rate={"code": 9.0})
+    fresh.loop.mixer = MixState(rate={"code": 9.0})
     fresh.restore(path)
-    assert fresh.mix_state.state_dict()["rate"] == {"code": 9.0} and fresh.val_outcomes is None
-    assert fresh.first_val_outcomes is None  # the run's end then has no first validation to pair with
+    assert fresh.loop.mixer.state_dict()["rate"] == {"code": 9.0} and fresh.loop.val_outcomes is None
+    assert fresh.loop.first_val is None  # the run's end then has no first validation to pair with
 
 
 def test_actor_infer_of_another_size_starts_with_fresh_rngs(tmp_path):
@@ -227,7 +230,7 @@ def test_actor_infer_of_another_size_starts_with_fresh_rngs(tmp_path):
     for world in (3, 1):  # more workers than the checkpoint has states for, and fewer
         fresh = Driver(tmp_path, infer_world=world)
         fresh.restore(path)
-        assert fresh.actor_infer.log == [], world
+        assert fresh.runtime.actor_infer.log == [], world
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
@@ -240,10 +243,10 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
 def test_a_resumed_config_that_differs_is_named_in_a_warning(tmp_path, caplog):
     saved = {"seed": 1, "lr": 0.1, **{f"k{i:02d}": i for i in range(25)}}
     with caplog.at_level(logging.WARNING, logger="roll_pipeline.driver.run_state"):
-        Driver(tmp_path, config=saved)._warn_config_changes(saved)
+        warn_config_changes(saved, saved)
         assert caplog.records == []
         changed = {**saved, "lr": 0.2, **{f"k{i:02d}": -1 for i in range(25)}}
-        Driver(tmp_path, config=changed)._warn_config_changes(saved)
+        warn_config_changes(saved, changed)
     (record,) = caplog.records
     named = record.getMessage().split(": ", 1)[1].split(", ")
     assert record.getMessage().startswith("resuming with a config that differs from the checkpoint's in: ")
@@ -251,6 +254,6 @@ def test_a_resumed_config_that_differs_is_named_in_a_warning(tmp_path, caplog):
 
 
 def test_scheduler_states_are_keyed_by_domain(tmp_path):
-    assert Driver(tmp_path).scheduler_states() == {
+    assert Driver(tmp_path).runtime.scheduler_states() == {
         "math": {"domain": "math", "position": 3}, "code": {"domain": "code", "position": 4}
     }

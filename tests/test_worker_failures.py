@@ -137,7 +137,7 @@ def pipeline(tmp_path_factory, tiny_model, mlflow_db):
 
 @pytest.mark.slow
 def test_a_reward_worker_killed_mid_step_is_restarted_and_scores_the_batch_again(pipeline):
-    worker = pipeline.rewards["math"]["SlowMathScorer"].workers[0]
+    worker = pipeline.runtime.rewards["math"]["SlowMathScorer"].workers[0]
     before = pid_of(worker)
     batch, metrics = during_rollout(pipeline, pipeline.marks, lambda: os.kill(before, signal.SIGKILL))
     assert_every_group_once(batch)
@@ -150,11 +150,11 @@ def test_a_reward_worker_killed_mid_step_is_restarted_and_scores_the_batch_again
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["os.kill", "ray.kill"])
 def test_actor_infer_killed_mid_step_gets_the_current_weights_and_the_requests_again(pipeline, how):
-    pipeline.trained_version += 1  # as after an update: a newer policy than a restarted worker starts with
+    pipeline.loop.trained_version += 1  # as after an update: a newer policy than a restarted worker starts with
     pipeline.sync_weights()
     version = pipeline.weights_version
     assert version > 0
-    worker = pipeline.actor_infer.workers[0]
+    worker = pipeline.runtime.actor_infer.workers[0]
     before = pid_of(worker)
 
     def kill():
@@ -173,13 +173,13 @@ def test_actor_infer_killed_mid_step_gets_the_current_weights_and_the_requests_a
         return float(sum(p.double().sum() for p in module.parameters()))
 
     infer_sum = ray.get(worker.__ray_call__.remote(lambda self: checksum(self.strategy.model)))
-    train_sum = ray.get(pipeline.actor_train.workers[0].__ray_call__.remote(lambda self: checksum(self.strategy.module)))
+    train_sum = ray.get(pipeline.runtime.actor_train.workers[0].__ray_call__.remote(lambda self: checksum(self.strategy.module)))
     assert infer_sum == train_sum
 
 
 @pytest.mark.slow
 def test_workers_run_at_the_drivers_priority(pipeline):
     """Ray would start them at niceness 15, where any busy process on a shared machine starves the run."""
-    workers = [pipeline.actor_train.workers[0], pipeline.actor_infer.workers[0], pipeline.rewards["math"]["SlowMathScorer"].workers[0]]
+    workers = [pipeline.runtime.actor_train.workers[0], pipeline.runtime.actor_infer.workers[0], pipeline.runtime.rewards["math"]["SlowMathScorer"].workers[0]]
     niceness = ray.get([w.__ray_call__.remote(lambda self: os.nice(0)) for w in workers])
     assert niceness == [os.nice(0)] * 3

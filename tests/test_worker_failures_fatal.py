@@ -24,7 +24,7 @@ def test_a_dead_actor_train_stops_the_run_and_names_the_checkpoint_to_resume_fro
 
     def kill_after_first(step, metrics):
         if step == 1:
-            ray.kill(pipeline.actor_train.workers[0])
+            ray.kill(pipeline.runtime.actor_train.workers[0])
 
     try:
         with pytest.raises(WorkerDiedError) as info:
@@ -39,7 +39,7 @@ def test_a_dead_actor_train_stops_the_run_and_names_the_checkpoint_to_resume_fro
 
 @pytest.mark.slow
 def test_a_reward_worker_that_stays_dead_has_its_samples_masked_and_counted(pipeline):
-    worker = pipeline.rewards["math"]["SlowMathScorer"].workers[0]
+    worker = pipeline.runtime.rewards["math"]["SlowMathScorer"].workers[0]
     batch, metrics = during_rollout(pipeline, pipeline.marks, lambda: ray.kill(worker, no_restart=True))
     assert len(batch) == SHARE * N
     assert metrics["scheduler/math/reward_worker_failures"] >= 1

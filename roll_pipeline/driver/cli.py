@@ -57,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         pipeline.setup(resume_from=checkpoint, data=data)
         echo(f"MLflow run {pipeline.tracker.run_id} at {pipeline.tracker.uri}")
         with tqdm(
-            total=cfg.max_steps, initial=pipeline.global_step, desc="rl steps", unit="step", dynamic_ncols=True
+            total=cfg.max_steps, initial=pipeline.loop.step, desc="rl steps", unit="step", dynamic_ncols=True
         ) as bar:
 
             def on_step(step: int, metrics: dict[str, float]) -> None:

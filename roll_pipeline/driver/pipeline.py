@@ -18,9 +18,9 @@ from ray.exceptions import RayActorError
 from roll_core.algorithms import ADVANTAGES, DOMAIN_MIXERS, KL_CONTROLLERS
 from roll_core.algorithms.advantages import advantage_metrics, place_at_last_token, postprocess_advantages
 from roll_core.algorithms.kl import kl_penalty_rewards
-from roll_core.algorithms.mixing import MixState, observe_rollout, observe_validation
+from roll_core.algorithms.mixing import observe_rollout, observe_validation
 from roll_core.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
-from roll_core.algorithms.shaping import DomainRewardMoments, shape_scores
+from roll_core.algorithms.shaping import shape_scores
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import ResolvedConfig, domain_shares
 from roll_core.data.loading import RunData
@@ -29,15 +29,14 @@ from roll_core.tracking.metadata import run_tags
 from roll_core.tracking.mlflow_tracker import MlflowTracker
 from roll_core.tracking.spool import SPOOL_DIRNAME
 from roll_core.tracking.system import MemoryProbe
-from roll_pipeline.distributed.waiting import wait_started
+from roll_pipeline.driver.loop_state import FirstValidation, LoopState, Rollout
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
 from roll_pipeline.driver.reward_audit import audit_plan, run_audit
 from roll_pipeline.driver.run_change import run_change
-from roll_pipeline.driver.run_state import Rollout, RunState
+from roll_pipeline.driver.run_state import restore_run, save_run, warn_config_changes
 from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
-from roll_pipeline.driver.significance import PromptOutcome, prompt_outcomes, validation_significance
+from roll_pipeline.driver.significance import prompt_outcomes, validation_significance
 from roll_pipeline.driver.validation import answer_keys, metric_name_part, rollout_metrics, validation_metrics
-from schedulers.dynamic_sampling import start_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -54,40 +53,27 @@ class StepTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-class RLVRPipeline(ClusterRuntime, RunState):
+class RLVRPipeline:
     """Multi-domain RLVR: per-domain schedulers fill each step's batch, then one PPO-style update for all.
 
-    The clusters are started and stopped by `ClusterRuntime` (runtime.py), checkpoints written and read by
-    `RunState` (run_state.py); this module is the step and the loop."""
+    It holds what the run runs on (`runtime`: Ray, the clusters, the schedulers; runtime.py) and what the loop
+    carries from step to step (`loop`, saved and restored whole; loop_state.py); checkpoints are written and
+    read by run_state.py. This module is the step and the loop."""
 
-    def __init__(self, resolved: ResolvedConfig) -> None:
+    def __init__(self, resolved: ResolvedConfig, runtime: ClusterRuntime | None = None) -> None:
         self.resolved = resolved
         self.cfg = resolved.config
+        self.runtime = runtime or ClusterRuntime(self.cfg)
+        self.loop = LoopState(
+            kl_ctrl=KL_CONTROLLERS.get(self.cfg.kl_ctrl)(
+                kl_coef=self.cfg.init_kl_coef, target_kl=self.cfg.target_kl, horizon=self.cfg.kl_horizon
+            )
+        )
         self.tracker: MlflowTracker | None = None
-        self.history: dict[int, dict[str, float]] = {}
-        #: The last validation's per-prompt outcomes, which the next one is compared with.
-        self.val_outcomes: dict[str, PromptOutcome] | None = None
-        #: The run's first validation's per-prompt outcomes (kept in checkpoints): the end of the run is paired
-        #: with it (`summary`'s "change").
-        self.first_val_outcomes: dict[str, PromptOutcome] | None = None
-        self.first_val_step: int | None = None
-        self.global_step = 0
         self.resumed_from: Path | None = None
         self.weights_version = 0
         """The weights actor_infer holds: the number of actor updates they include."""
-        self.trained_version = 0
-        """The number of actor updates so far."""
         self.is_async = self.cfg.async_generation_ratio > 0
-        self.next_rollout: Rollout | None = None
-        """Async: the next step's rollout, launched during this step."""
-        self.mix_state = MixState()
-        """What the domain mixer has measured (roll_core/algorithms/mixing.py); checkpointed."""
-        self.owns_ray = False
-        # Algorithm state carried from step to step (to be checkpointed with the run).
-        self.reward_moments = DomainRewardMoments()
-        self.kl_ctrl = KL_CONTROLLERS.get(self.cfg.kl_ctrl)(
-            kl_coef=self.cfg.init_kl_coef, target_kl=self.cfg.target_kl, horizon=self.cfg.kl_horizon
-        )
 
     # ------------------------------------------------------------------------------------------- set-up
 
@@ -104,41 +90,26 @@ class RLVRPipeline(ClusterRuntime, RunState):
         else:
             log_dropped(data, cfg.data.prompt_length)
         train, val, dropped = data.train, data.val, data.dropped()
-        self.start_clusters()
+        self.runtime.start_clusters()
         self.has_validation = any(val[d].rows for d in cfg.domain_interleave_probs if d in val)
-        self.schedulers = {
-            domain: start_scheduler(
-                domain,
-                rows=train[domain].rows,
-                prompt_ids=train[domain].prompt_ids,
-                val_rows=val[domain].rows if domain in val else [],
-                val_prompt_ids=val[domain].prompt_ids if domain in val else [],
-                pipeline_config=cfg,
-                infer_workers=self.actor_infer.workers,
-                reward_workers={name: cluster.workers for name, cluster in self.rewards[domain].items()},
-            )
-            for domain in cfg.domain_interleave_probs
-        }
-        wait_started([s.__ray_ready__.remote() for s in self.schedulers.values()],
-                     [f"scheduler[{d}]" for d in self.schedulers], cfg.ray.actor_start_timeout_s)
+        self.runtime.start_schedulers(train, val)
         spool_root = Path(cfg.output_dir) / SPOOL_DIRNAME
         if resume_from is None:
             self.tracker = MlflowTracker(cfg.tracking, spool_root)
             self.tracker.log_params(dataclasses.asdict(cfg))
-            self.history[0] = dict(dropped)  # a resumed run has them in its restored history and MLflow run
+            self.loop.history[0] = dict(dropped)  # a resumed run has them in its restored history and MLflow run
             self.tracker.log_metrics(dropped, step=0)
         else:
             state = self.restore(resume_from)
-            self._warn_config_changes(state["config"])
+            warn_config_changes(state["config"], self.resolved.to_dict())
             self.tracker = MlflowTracker(cfg.tracking, spool_root, resume_spool=state["mlflow_spool"])
         self.tracker.log_dict(self.resolved.to_dict(), "resolved_config.json")
         self.tracker.set_tags({**run_tags(self.resolved, cfg.tracking.hash_inputs), "pretrain": cfg.pretrain})
-        clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.reward_clusters()]
-        self.memory = MemoryProbe({c.name: c.workers for c in clusters if c is not None})
+        self.memory = MemoryProbe({c.name: c.workers for c in self.runtime.clusters()})
         self.answer_keys = answer_keys(cfg.rewards)
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.output_dir) / "resolved_config.json").write_text(json.dumps(self.resolved.to_dict(), indent=2))
-        placement = self.placement_record()
+        placement = self.runtime.placement_record()
         (Path(cfg.output_dir) / "placement.json").write_text(json.dumps(placement, indent=2))
         self.tracker.log_dict(placement, "placement.json")
 
@@ -154,9 +125,9 @@ class RLVRPipeline(ClusterRuntime, RunState):
         with timer.stage("rollout"):
             rollout = self.rollout()
         batch, metrics = rollout.batch, rollout.metrics
-        if self.is_async and self.global_step < self.cfg.max_steps:
+        if self.is_async and self.loop.step < self.cfg.max_steps:
             with timer.stage("sync_weights"):
-                self.next_rollout = self.launch_rollout()
+                self.loop.pending_rollout = self.launch_rollout()
         with timer.stage("log_probs"):
             batch = self.compute_log_probs(batch)
         with timer.stage("importance_weights"):
@@ -185,7 +156,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
 
     def rollout(self) -> Rollout:
         """This step's rollout: the one launched during the last step (async), or a new one; waited for."""
-        pending, self.next_rollout = self.next_rollout, None
+        pending, self.loop.pending_rollout = self.loop.pending_rollout, None
         return self.finish_rollout(pending or self.launch_rollout())
 
     def launch_rollout(self) -> Rollout:
@@ -196,7 +167,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
         n = self.cfg.num_return_sequences_in_group
         args = self.cfg.actor_infer.generating_args
         probs, shares = self.domain_mix()
-        refs = {d: self.schedulers[d].get_batch.remote(share, n, args) for d, share in shares.items()}
+        refs = {d: self.runtime.schedulers[d].get_batch.remote(share, n, args) for d, share in shares.items()}
         mix = {f"mix/{d}": p for d, p in probs.items()} | {f"mix/{d}/prompts": float(k) for d, k in shares.items()}
         return Rollout(version=self.weights_version, refs=refs, metrics=mix)
 
@@ -205,7 +176,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
         prompt shares they give."""
         mixer = self.cfg.domain_mixer
         params = {k: getattr(mixer, k) for k in ("floor", "ceil", "strength", "validation_weight")}
-        probs = DOMAIN_MIXERS.get(mixer.type)(self.cfg.domain_interleave_probs, self.mix_state, **params)
+        probs = DOMAIN_MIXERS.get(mixer.type)(self.cfg.domain_interleave_probs, self.loop.mixer, **params)
         return probs, domain_shares(probs, self.cfg.rollout_batch_size)
 
     def finish_rollout(self, rollout: Rollout) -> Rollout:
@@ -215,7 +186,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
         n = self.cfg.num_return_sequences_in_group
         parts, metrics = [], dict(rollout.metrics or {})
         names = [f"scheduler[{d}].get_batch" for d in rollout.refs]
-        results = self.wait_for(list(rollout.refs.values()), names)
+        results = self.runtime.wait_for(list(rollout.refs.values()), names)
         for domain, (part, scheduler_metrics) in zip(rollout.refs, results, strict=True):
             parts.append(part)
             metrics |= rollout_metrics(domain, self._records(part)) | scheduler_metrics
@@ -223,23 +194,23 @@ class RLVRPipeline(ClusterRuntime, RunState):
         batch = batch.update({"group_ids": torch.arange(len(batch) // n).repeat_interleave(n)})
         if self.cfg.infer_offloads:  # colocated training gets the GPU memory back; this step's update (if the
             # actor trains in it) is synced before anything generates again, so vLLM may drop its weights
-            self.actor_infer.call("offload", not self.critic_warming_up())
+            self.runtime.actor_infer.call("offload", not self.critic_warming_up())
         metrics |= rollout_metrics("all", self._records(batch))
         mixer = self.cfg.domain_mixer
-        observe_rollout(self.mix_state, metrics, list(rollout.refs), mixer.smoothing)
+        observe_rollout(self.loop.mixer, metrics, list(rollout.refs), mixer.smoothing)
         return Rollout(version=rollout.version, batch=batch, metrics=metrics)
 
     def offload_trained_states(self) -> None:
         """actor_train's and the critic's states to CPU memory while actor_infer generates, where their section
         says offload_states (colocated on the GPUs generation uses); their next call reloads them."""
-        for cluster, section in ((self.actor_train, self.cfg.actor_train), (self.critic, self.cfg.critic)):
+        for cluster, section in ((self.runtime.actor_train, self.cfg.actor_train), (self.runtime.critic, self.cfg.critic)):
             if cluster is not None and section.offload_states:
                 cluster.call("offload_states")
 
     def importance_weights(self, batch: Batch, generated_with: int) -> tuple[Batch, dict[str, float]]:
         """How off-policy the batch is (offpolicy/*: staleness in updates, and the importance weights between
         the policy that sampled it and actor_train's), and the truncated weights when infer_is_cap is set."""
-        metrics = {"offpolicy/staleness": float(self.trained_version - generated_with)}
+        metrics = {"offpolicy/staleness": float(self.loop.trained_version - generated_with)}
         if "infer_log_probs" not in batch:
             return batch, metrics
         mask = loss_mask(batch)
@@ -255,15 +226,15 @@ class RLVRPipeline(ClusterRuntime, RunState):
         and ref_log_probs from the reference, where there is one."""
         tensors = {}
         if not self.cfg.update_gives_old_log_probs:
-            tensors["old_log_probs"] = torch.cat(self.actor_train.dispatch("compute_log_probs", batch))
-        if self.reference is not None:
-            tensors["ref_log_probs"] = torch.cat(self.reference.dispatch("compute_log_probs", batch))
+            tensors["old_log_probs"] = torch.cat(self.runtime.actor_train.dispatch("compute_log_probs", batch))
+        if self.runtime.reference is not None:
+            tensors["ref_log_probs"] = torch.cat(self.runtime.reference.dispatch("compute_log_probs", batch))
         return batch.update(tensors)
 
     def compute_values(self, batch: Batch) -> Batch:
-        if self.critic is None:
+        if self.runtime.critic is None:
             return batch
-        return batch.update({"values": torch.cat(self.critic.dispatch("compute_values", batch))})
+        return batch.update({"values": torch.cat(self.runtime.critic.dispatch("compute_values", batch))})
 
     def shape_rewards(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Per domain: the loss-side sample masks and the shaped scores (cfg.reward_shaping), placed at each
@@ -277,26 +248,26 @@ class RLVRPipeline(ClusterRuntime, RunState):
             batch["response_mask"],
             batch.meta["correct"],
             {domain: cfg.shaping_for(domain) for domain in cfg.rewards},
-            self.reward_moments,
+            self.loop.reward_moments,
             max_length=cfg.actor_infer.generating_args.max_new_tokens,
         )
         self.shaped_scores = scores * in_loss  # for the training sample table
         rewards = place_at_last_token(scores, batch["response_mask"])
         if cfg.add_token_level_kl:
             mask = loss_mask(batch.update({"in_loss": in_loss}))
-            coef = self.kl_ctrl.value
+            coef = self.loop.kl_ctrl.value
             rewards, kl = kl_penalty_rewards(
                 rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, coef, cfg.kl_penalty
             )
             current_kl = float(kl.sum() / in_loss.sum().clamp(min=1.0))
-            self.kl_ctrl.update(current_kl, n_steps=len(batch))
+            self.loop.kl_ctrl.update(current_kl, n_steps=len(batch))
             metrics |= {"kl_penalty/kl": current_kl, "kl_penalty/coef": coef}
         return batch.update({"token_level_rewards": rewards, "in_loss": in_loss}), metrics
 
     def log_train_samples(self, batch: Batch) -> None:
         """Every tracking.logging_steps steps, the step's training samples as an MLflow table."""
         t = self.cfg.tracking
-        if not (self.tracker and t.logging_steps and t.train_sample_rows_per_domain) or self.global_step % t.logging_steps:
+        if not (self.tracker and t.logging_steps and t.train_sample_rows_per_domain) or self.loop.step % t.logging_steps:
             return
         prompts = self.tokenizer.batch_decode(
             [ids[m > 0] for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)],
@@ -312,7 +283,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
             (batch["in_loss"] > 0).tolist(),
             t.train_sample_rows_per_domain,
         )
-        self.tracker.log_table(table, train_table_file(self.global_step))
+        self.tracker.log_table(table, train_table_file(self.loop.step))
 
     def compute_advantages(self, batch: Batch) -> Batch:
         """The estimator's advantages and returns, post-processed (whitening, clipping): over the whole batch, or
@@ -346,32 +317,32 @@ class RLVRPipeline(ClusterRuntime, RunState):
 
     def critic_warming_up(self) -> bool:
         """This step is one of the first critic_warmup steps, which train the critic only."""
-        return 0 < self.global_step <= self.cfg.critic_warmup
+        return 0 < self.loop.step <= self.cfg.critic_warmup
 
     def train(self, batch: Batch) -> dict[str, float]:
         """The critic's and the actor's updates, side by side; during the first critic_warmup steps of a run
-        (global_step counts from 1) only the critic's."""
+        (the loop's step counts from 1) only the critic's."""
         warming_up = self.critic_warming_up()
         refs, names = [], []
-        if self.critic is not None:
-            refs += self.critic.call_async_dispatch("train_step", batch)
-            names += self.critic.call_names("train_step")
+        if self.runtime.critic is not None:
+            refs += self.runtime.critic.call_async_dispatch("train_step", batch)
+            names += self.runtime.critic.call_names("train_step")
         if not warming_up:
-            refs += self.actor_train.call_async_dispatch("train_step", batch)
-            names += self.actor_train.call_names("train_step")
-            self.trained_version += 1
+            refs += self.runtime.actor_train.call_async_dispatch("train_step", batch)
+            names += self.runtime.actor_train.call_names("train_step")
+            self.loop.trained_version += 1
         per_key: dict[str, list[float]] = {}
-        for result in self.wait_for(refs, names):  # one per rank of each cluster; a key comes from one cluster's
+        for result in self.runtime.wait_for(refs, names):  # one per rank of each cluster; a key comes from one cluster's
             for k, v in result.items():
                 per_key.setdefault(k, []).append(v)
         metrics = {k: sum(vs) / len(vs) for k, vs in per_key.items()}
-        if self.critic is not None:
+        if self.runtime.critic is not None:
             metrics["critic/warmup"] = float(warming_up)
         return metrics
 
     def ensure_synced(self) -> None:
         """actor_infer gets actor_train's weights if they changed since it last got them."""
-        if self.weights_version != self.trained_version:
+        if self.weights_version != self.loop.trained_version:
             self.sync_weights()
 
     def sync_weights(self) -> None:
@@ -382,14 +353,14 @@ class RLVRPipeline(ClusterRuntime, RunState):
         # The reference to rank 0's result goes on as it is: the weights pass from actor_train's object store to
         # the workers without a copy into this process and another back out (a 7B model's 15 GB, every step).
         if stage == 3:  # sharded parameters: every rank takes part in gathering them; the others return {}
-            refs = self.actor_train.call_async("get_weights")
-            self.wait_for(refs[1:], self.actor_train.call_names("get_weights")[1:])
+            refs = self.runtime.actor_train.call_async("get_weights")
+            self.runtime.wait_for(refs[1:], self.runtime.actor_train.call_names("get_weights")[1:])
             weights = refs[0]
         else:
-            weights = self.actor_train.workers[0].get_weights.remote()
-        self.weights_version = self.trained_version
-        self.actor_infer.call("update_weights", weights, self.weights_version)
-        self.on_schedulers("set_weights", self.weights_version, [weights])
+            weights = self.runtime.actor_train.workers[0].get_weights.remote()
+        self.weights_version = self.loop.trained_version
+        self.runtime.actor_infer.call("update_weights", weights, self.weights_version)
+        self.runtime.on_schedulers("set_weights", self.weights_version, [weights])
 
     # ------------------------------------------------------------------------------------------- the loop
 
@@ -402,7 +373,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
         args = self.cfg.validation.generating_args
         v = self.cfg.validation
         records = []
-        for batch in self.on_schedulers("validate", args, v.max_prompts, v.num_samples):
+        for batch in self.runtime.on_schedulers("validate", args, v.max_prompts, v.num_samples):
             prompts = self.tokenizer.batch_decode(
                 [ids[m > 0] for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"], strict=True)],
                 skip_special_tokens=True,
@@ -413,25 +384,25 @@ class RLVRPipeline(ClusterRuntime, RunState):
             ]
         metrics = validation_metrics(records, self.answer_keys)
         outcomes = prompt_outcomes(records, metric_name_part)
-        significance, tags = validation_significance(outcomes, self.val_outcomes, v.regression_alpha, v.confidence)
+        significance, tags = validation_significance(outcomes, self.loop.val_outcomes, v.regression_alpha, v.confidence)
         metrics |= significance
         if tags.get("val_regressed", "none") != "none":
             logger.warning(
                 "validation at step %d: tags %s regressed significantly since the last validation (val_change/*)",
-                self.global_step,
+                self.loop.step,
                 tags["val_regressed"],
             )
         if self.tracker:
-            history = {**self.history, self.global_step: metrics}
+            history = {**self.loop.history, self.loop.step: metrics}
             rows = self.cfg.tracking.sample_rows_per_tag
-            log_validation_artifacts(self.tracker, self.global_step, records, history, rows, outcomes)
+            log_validation_artifacts(self.tracker, self.loop.step, records, history, rows, outcomes)
             self.tracker.set_tags(tags)
-        self.val_outcomes = outcomes
-        if self.first_val_outcomes is None:
-            self.first_val_outcomes, self.first_val_step = outcomes, self.global_step
-        observe_validation(self.mix_state, metrics, list(self.cfg.domain_interleave_probs))
+        self.loop.val_outcomes = outcomes
+        if self.loop.first_val is None:
+            self.loop.first_val = FirstValidation(self.loop.step, outcomes)
+        observe_validation(self.loop.mixer, metrics, list(self.cfg.domain_interleave_probs))
         if self.cfg.infer_offloads:  # what comes next (a checkpoint, the next update) needs the GPU
-            self.actor_infer.call("offload", False)
+            self.runtime.actor_infer.call("offload", False)
         return metrics
 
     def audit_rewards(self) -> dict[str, float]:
@@ -440,7 +411,7 @@ class RLVRPipeline(ClusterRuntime, RunState):
         audit = self.cfg.reward_audit
         panels, judges = audit_plan(self.cfg)
         return run_audit(
-            self.global_step, panels, judges, self.rewards, self.wait_for, audit.judge_items, audit.on_change
+            self.loop.step, panels, judges, self.runtime.rewards, self.runtime.wait_for, audit.judge_items, audit.on_change
         )
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
@@ -458,8 +429,8 @@ class RLVRPipeline(ClusterRuntime, RunState):
                     first |= self.validate()
                 if first:
                     self._log(0, first)
-            for step in range(self.global_step + 1, cfg.max_steps + 1):
-                self.global_step = step
+            for step in range(self.loop.step + 1, cfg.max_steps + 1):
+                self.loop.step = step
                 metrics = self.step()
                 if cfg.reward_audit.every_steps and step % cfg.reward_audit.every_steps == 0:
                     metrics |= self.audit_rewards()
@@ -473,9 +444,9 @@ class RLVRPipeline(ClusterRuntime, RunState):
                     on_step(step, metrics)
             status = "FINISHED"
         except RayActorError as exc:
-            dead = self._dead_training_workers()
+            dead = self.runtime.dead_training_workers()
             if dead:
-                raise WorkerDiedError(self._death_message(dead, exc)) from exc
+                raise WorkerDiedError(self.runtime.death_message(dead, exc, self.loop.step)) from exc
             raise
         finally:
             if self.tracker:
@@ -483,26 +454,27 @@ class RLVRPipeline(ClusterRuntime, RunState):
         return self.summary(time.perf_counter() - start)
 
     def summary(self, wall_s: float) -> dict[str, Any]:
-        val_steps = [s for s, m in sorted(self.history.items()) if "val_correct/all/mean" in m]
+        val_steps = [s for s, m in sorted(self.loop.history.items()) if "val_correct/all/mean" in m]
 
         def accuracies(step: int) -> dict[str, float]:
-            metrics = self.history[step].items()
+            metrics = self.loop.history[step].items()
             return {k: v for k, v in metrics if k.startswith("val_correct/") and k.endswith("/mean")}
 
         change = None
-        if self.first_val_outcomes is not None and self.val_outcomes is not None and val_steps:
+        first = self.loop.first_val
+        if first is not None and self.loop.val_outcomes is not None and val_steps:
             v = self.cfg.validation
             change = {
-                "first_step": self.first_val_step,
+                "first_step": first.step,
                 "last_step": val_steps[-1],
                 "alpha": v.regression_alpha,
                 "confidence": v.confidence,
-                "rows": run_change(self.first_val_outcomes, self.val_outcomes, v.regression_alpha, v.confidence),
+                "rows": run_change(first.outcomes, self.loop.val_outcomes, v.regression_alpha, v.confidence),
             }
         return {
             "run_id": self.tracker.run_id if self.tracker else None,
             "tracking_uri": self.tracker.uri if self.tracker else None,
-            "steps": self.global_step,
+            "steps": self.loop.step,
             "wall_s": wall_s,
             "start": {"step": val_steps[0], **accuracies(val_steps[0])} if val_steps else None,
             "end": {"step": val_steps[-1], **accuracies(val_steps[-1])} if val_steps else None,
@@ -510,18 +482,38 @@ class RLVRPipeline(ClusterRuntime, RunState):
             "change": change,
         }
 
+    # ------------------------------------------------------------------------------------------- state
+
+    def save_checkpoint(self, step: int) -> Path:
+        """Everything the run needs to go on as if it had never stopped (run_state.py), once an async rollout in
+        flight is collected and actor_infer has the current weights."""
+        self._settle()
+        cfg = self.cfg
+        return save_run(step, self.runtime, self.loop, self.tracker, self.resolved.to_dict(), cfg.output_dir,
+                        cfg.max_checkpoints_to_keep)
+
+    def restore(self, checkpoint: Path) -> dict[str, Any]:
+        """Load a checkpoint `save_checkpoint` wrote into the running clusters and the loop; returns its state."""
+        state = restore_run(checkpoint, self.runtime, self.loop, sync=self.ensure_synced)
+        self.resumed_from = checkpoint
+        return state
+
+    def shutdown(self) -> None:
+        """Stop the schedulers and clusters, and Ray where this run started it."""
+        self.runtime.shutdown()
+
     # ------------------------------------------------------------------------------------------- helpers
 
     def _settle(self) -> None:
         """Finish an async rollout in flight (it keeps its batch for the next step) and give actor_infer the
         current weights: before validating, and before a checkpoint (whose scheduler states then match)."""
-        if self.next_rollout is not None:
-            self.next_rollout = self.finish_rollout(self.next_rollout)
+        if self.loop.pending_rollout is not None:
+            self.loop.pending_rollout = self.finish_rollout(self.loop.pending_rollout)
         self.ensure_synced()
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         metrics = metrics | self.memory()
-        self.history[step] = self.history.get(step, {}) | metrics
+        self.loop.history[step] = self.loop.history.get(step, {}) | metrics
         if self.tracker:
             self.tracker.log_metrics(metrics, step)
 

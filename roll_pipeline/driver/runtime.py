@@ -103,11 +103,23 @@ def start_local_ray(num_cpus: int, *, num_gpus: int | None = None, log_to_driver
 
 
 class ClusterRuntime:
-    """The Ray side of `RLVRPipeline`: starts its clusters (`start_clusters`), tells a dead training worker from
-    a passing failure, and shuts everything down. Reads `cfg`; sets the cluster attributes the step uses."""
+    """What a run runs on, held by `RLVRPipeline` (its `runtime`): Ray, every cluster of workers and the
+    domains' schedulers. Starts them (`start_clusters`, `start_schedulers`), waits on their calls within the
+    config's bounds, tells a dead training worker from a passing failure, and shuts everything down."""
 
-    cfg: PipelineConfig
-    owns_ray: bool = False
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.owns_ray = False
+        """Whether this runtime started or joined Ray (and so disconnects at shutdown)."""
+        self.device_pool: DevicePool | None = None
+        self.actor_train: Cluster | None = None
+        self.actor_infer: Cluster | None = None
+        self.reference: Cluster | None = None
+        self.critic: Cluster | None = None
+        self.rewards: dict[str, dict[str, Cluster]] = {}
+        """Per domain, its reward clusters by component label."""
+        self.schedulers: dict[str, Any] = {}
+        """Per domain, its scheduler actor."""
 
     def start_clusters(self) -> None:
         """Ray, the device plan, and every cluster: actor_train, actor_infer, the reference and the critic where
@@ -182,11 +194,36 @@ class ClusterRuntime:
         self.wait_for([ref for c in trained for ref in c.call_async("initialize")],
                       [name for c in trained for name in c.call_names("initialize")])
 
+    def start_schedulers(self, train: dict[str, Any], val: dict[str, Any]) -> None:
+        """One scheduler actor per domain, drawing from its train prompts (and validating on its val prompts),
+        generating on actor_infer and scoring on the domain's reward clusters; waited for until started."""
+        from schedulers.dynamic_sampling import start_scheduler
+
+        cfg = self.cfg
+        self.schedulers = {
+            domain: start_scheduler(
+                domain,
+                rows=train[domain].rows,
+                prompt_ids=train[domain].prompt_ids,
+                val_rows=val[domain].rows if domain in val else [],
+                val_prompt_ids=val[domain].prompt_ids if domain in val else [],
+                pipeline_config=cfg,
+                infer_workers=self.actor_infer.workers,
+                reward_workers={name: cluster.workers for name, cluster in self.rewards[domain].items()},
+            )
+            for domain in cfg.domain_interleave_probs
+        }
+        wait_started([s.__ray_ready__.remote() for s in self.schedulers.values()],
+                     [f"scheduler[{d}]" for d in self.schedulers], cfg.ray.actor_start_timeout_s)
+
+    def scheduler_states(self) -> dict[str, Any]:
+        """Each domain's scheduler state (its data position and counters), for a checkpoint."""
+        return dict(zip(self.schedulers, self.on_schedulers("state_dict"), strict=True))
+
     def placement_record(self) -> dict[str, Any]:
         """Where every worker and scheduler runs: per cluster the Ray node of each rank, and each node's address
         (output_dir/placement.json: which node wrote which part of a checkpoint)."""
-        clusters = [c for c in (self.actor_train, self.actor_infer, self.reference, self.critic) if c is not None]
-        clusters += self.reward_clusters()
+        clusters = self.clusters()
         refs = [s.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
                 for s in self.schedulers.values()]
         names = [f"scheduler[{d}].node_id" for d in self.schedulers]
@@ -240,27 +277,31 @@ class ClusterRuntime:
             resources=component.resources,
         )
 
+    def clusters(self) -> list[Cluster]:
+        """Every cluster started: actor_train, actor_infer, the reference and critic where there are, the rewards."""
+        trained_and_infer = [self.actor_train, self.actor_infer, self.reference, self.critic]
+        return [c for c in trained_and_infer if c is not None] + self.reward_clusters()
+
     def reward_clusters(self) -> list[Cluster]:
-        return [cluster for by_name in getattr(self, "rewards", {}).values() for cluster in by_name.values()]
+        return [cluster for by_name in self.rewards.values() for cluster in by_name.values()]
 
     def shutdown(self) -> None:
-        for scheduler in getattr(self, "schedulers", {}).values():
+        for scheduler in self.schedulers.values():
             ray.kill(scheduler)
         self.schedulers = {}
-        for name in ("actor_train", "actor_infer", "reference", "critic"):
-            cluster = getattr(self, name, None)
+        for cluster in (self.actor_train, self.actor_infer, self.reference, self.critic):
             if cluster is not None:
                 cluster.shutdown()
         for cluster in self.reward_clusters():
             cluster.shutdown()
-        if getattr(self, "device_pool", None) is not None:
+        if self.device_pool is not None:
             self.device_pool.release()
             self.device_pool = None
         if self.owns_ray:
             ray.shutdown()
             self.owns_ray = False
 
-    def _dead_training_workers(self) -> list[str]:
+    def dead_training_workers(self) -> list[str]:
         """Ranks of actor_train and critic that no longer answer."""
         dead = []
         for cluster in filter(None, [self.actor_train, self.critic]):
@@ -271,7 +312,7 @@ class ClusterRuntime:
                     dead.append(f"{cluster.name}[{rank}]")
         return dead
 
-    def _death_message(self, dead: list[str], exc: BaseException) -> str:
+    def death_message(self, dead: list[str], exc: BaseException, step: int) -> str:
         checkpoint = latest_checkpoint(checkpoint_root(self.cfg.output_dir))
         if checkpoint is not None:
             how = f"resume from its last checkpoint, {checkpoint}, with `roll run CONFIG --resume`"
@@ -279,6 +320,6 @@ class ClusterRuntime:
             how = "no checkpoint was saved to resume from (save_steps is 0 or no save came yet)"
         cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return (
-            f"{', '.join(dead)} died at step {self.global_step} ({cause}). actor_train and critic hold the training "
+            f"{', '.join(dead)} died at step {step} ({cause}). actor_train and critic hold the training "
             f"state and are not restarted, so the run stops; {how}"
         )
