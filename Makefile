@@ -7,7 +7,7 @@ PLUGIN_EXAMPLE := tests/fixtures/roll_reward_plugin_example
 CONFIG ?= examples/math_code.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install model real-model reward-model run test test-gpu test-fast lint clean browser ui soak
+.PHONY: install model real-model reward-model run test test-gpu test-fast lint clean browser ui soak docs
 
 install: $(STAMP)
 
@@ -63,7 +63,7 @@ gpu-extra:
 	&& $$tmp/venv/bin/python -c "import json, sys; got = {i['metadata']['name']: i['metadata']['version'] for i in json.load(open(sys.argv[1]))['install']}; print('.[gpu] resolves: vllm', got['vllm'], 'torch', got['torch'], 'transformers', got['transformers'], 'fastapi', got['fastapi'])" $$tmp/report.json; \
 	status=$$?; [ $$status = 0 ] || grep -v '^WARNING: Location' $$tmp/pip.log; rm -rf $$tmp; exit $$status
 
-# Every comparison of BENCHMARKS.md, measured side by side (see README for its run time). TRL
+# Every comparison of BENCHMARKS.md, measured side by side (see docs/testing.md for its run time). TRL
 # comes from the bench extra, installed with the torch, transformers, deepspeed, ray and datasets already in the
 # venv held fixed, so that it can neither replace the CPU torch nor move the pipeline's own pins.
 .PHONY: bench
@@ -73,7 +73,7 @@ bench: model judge-model
 	$(BIN)/pip install --quiet -c $(VENV)/bench-constraints.txt -e ".[bench]"
 	$(BIN)/python -m benchmarks.run_all $(BENCH_ARGS)
 
-# A 500-step run of the example with every process's memory sampled (too long for `make test`; see README).
+# A 500-step run of the example with every process's memory sampled (too long for `make test`; see docs/checkpoints.md).
 soak: model
 	$(BIN)/python -m benchmarks.soak --config $(CONFIG) --steps 500
 
@@ -86,7 +86,7 @@ test-gpu: model real-model
 # A GPU host without network: `make gpu-bundle` (here, with PyPI) writes .gpu-check/ (what the host lacks, for its
 # Python; GPU_HOST_HAS names what it has, e.g. tests/gpu_check/cuda_image_packages.txt), which travels with the
 # checkout and examples/models/tiny-qwen2; `make gpu-check` there runs the GPU-marked tests with the host's own
-# Python and CUDA torch (tests/gpu_check/run.sh; results in .gpu-check/results). See README, 'GPU check'.
+# Python and CUDA torch (tests/gpu_check/run.sh; results in .gpu-check/results). See docs/placement.md, 'GPU check'.
 .PHONY: gpu-bundle gpu-check
 GPU_PYTHON_VERSION ?= 3.12
 GPU_HOST_HAS ?=
@@ -152,5 +152,10 @@ ui: install
 lint: install
 	$(BIN)/ruff check .
 
+# The reference documentation (docs/, mkdocs.yml) as a site in site/; strict: a broken link or a page missing from
+# the nav fails. tests/test_docs.py builds it in `make test` too. `$(BIN)/mkdocs serve` serves it while editing.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf runs mlflow.db .pytest_cache
+	rm -rf runs mlflow.db .pytest_cache site

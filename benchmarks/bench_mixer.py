@@ -9,7 +9,7 @@ For each run the clock is read at the end of every step; the comparison is at eq
 of the two runs' durations, and each side's figures are those of its last validation finished by T (per domain
 accuracy `val_domain/<domain>/correct_mean`, and overall). Also printed: steps done by T, the mean share of
 prompts each domain got, and each domain's kept groups per rollout second. Not part of `make bench`: a
-measurement for the mixer's README claim, honest either way.
+measurement for the mixer's documented claim (docs/dynamic-sampling.md), honest either way.
 """
 
 from __future__ import annotations

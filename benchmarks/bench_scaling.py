@@ -51,7 +51,7 @@ def batch_configs(tmp: Path, quick: bool) -> dict[str, tuple[Path, list[str]]]:
                 f"rollout_batch_size={b}",
                 f"num_return_sequences_in_group={group}",
                 # half the smallest batch: every point takes at least two optimizer steps, so every point has
-                # actor_train compute the later mini-batches' old log-probs itself (README "log_probs")
+                # actor_train compute the later mini-batches' old log-probs itself (docs/how-a-run-works.md, "log_probs")
                 f"actor_train.training_args.per_device_train_batch_size={sizes[0] * group // 2}",
                 "data.val_files=[]",
             ],

@@ -12,7 +12,7 @@ significant gain.
 The runs are the example's own (240 steps, about 5 minutes each on 2 cores); `--set max_steps=40 eval_steps=40`
 checks that the script works; `--keep DIR` keeps the runs' outputs and MLflow store (`roll report DIR/seed42`).
 Which build of the embedded model the runs used is printed from its build_info.json: builds differ by processor
-(README, "The embedded models"), and so do their figures.
+(docs/embedded-models.md), and so do their figures.
 """
 
 from __future__ import annotations

@@ -326,7 +326,7 @@ class DynamicSamplingScheduler:
         """How a wave of draws goes to actor_infer: one request per prompt where the engine batches continuously
         (vLLM) or the run is deterministic (each seeded request is its own batch); else requests of as many
         prompts as fill one of actor_infer's batches, so the worker starts at once, without waiting out its
-        gather window for the rest of the wave (request_mode, README "Dynamic sampling")."""
+        gather window for the rest of the wave (request_mode, docs/dynamic-sampling.md)."""
         if not self.wave_requests or self.deterministic:
             return [[draw] for draw in wave]
         per_request = max(1, self.infer_batch_size // group_size)

@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
         not torch.cuda.is_available(),
-        reason="no CUDA device here: these checks run only where torch sees a GPU (README, 'GPU tests')",
+        reason="no CUDA device here: these checks run only where torch sees a GPU (docs/placement.md, 'GPU tests')",
     ),
 ]
 GPU = torch.device("cuda", 0)

@@ -83,7 +83,7 @@ def test_the_one_gpu_step_with_a_critic_puts_four_clusters_on_gpu_0(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(
     not torch.cuda.is_available(),
-    reason="no CUDA device here: the GPU step runs only where torch sees a GPU (README, 'GPUs')",
+    reason="no CUDA device here: the GPU step runs only where torch sees a GPU (docs/placement.md, 'GPU tests')",
 )
 def test_one_rl_step_of_the_colocated_example_on_one_gpu(engine, tmp_path, mlflow_db):
     from mlflow.tracking import MlflowClient

@@ -285,7 +285,7 @@ def test_job_submission_ships_the_project_and_runs_the_example(tmp_path, tiny_mo
 def test_a_job_ships_its_module_path_reward_plugin_and_finds_installed_entry_point_ones(
     tmp_path, user_cluster, mlflow_db
 ):
-    # A job folder of its own: a config whose math domain adds the README's KeywordScorer by module path (a file
+    # A job folder of its own: a config whose math domain adds the documentation's KeywordScorer (docs/reward-plugins.md) by module path (a file
     # that exists only in the folder Ray ships) and the plugin example's entry-point worker, pinned to the far node.
     import yaml
 

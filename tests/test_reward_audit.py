@@ -99,7 +99,7 @@ def item(kind: str, correct: bool) -> AuditItem:
 
 
 MASKED = ScoredSample.masked_as(MASK_ERROR)
-# Every verdict rule of README's "Reward audits", one crafted result each: (item kind, its known verdict, what the
+# Every verdict rule of docs/reward-audits.md, one crafted result each: (item kind, its known verdict, what the
 # worker returned, whether the item passes). An item passes when it is scored, unmasked, with its known verdict;
 # a hack also needs a score of 0 (judged wrong but still paid is the reward failing the way a policy exploits).
 VERDICT_RULES = [

@@ -1,4 +1,5 @@
-"""Reward worker plugins end to end: the example package's entry point, and the README's own example."""
+"""Reward worker plugins end to end: the example package's entry point, and the documentation's own example
+(docs/reward-plugins.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from workers.rewards.registry import describe_reward_workers, get_reward_scorer_
 from workers.rewards.worker import RewardWorker
 
 PLUGIN_DIST = "roll-reward-plugin-example"
-README = ROOT / "README.md"
+PLUGIN_PAGE = ROOT / "docs" / "reward-plugins.md"
 
 
 @pytest.fixture
@@ -100,14 +101,11 @@ def test_the_plugin_from_a_fresh_roll_process(plugin_installed):
     assert json.loads(done.stdout)["correct"] is True
 
 
-# --- README: "Write your own reward worker" -----------------------------------------------------------------
+# --- docs/reward-plugins.md: "Write your own reward worker" ---------------------------------------------------
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index(f"### {title}\n")
-    end = text.index("\n## ", start)
-    return text[start:end]
+def plugin_page() -> str:
+    return PLUGIN_PAGE.read_text(encoding="utf-8")
 
 
 def code_blocks(text: str, language: str) -> list[str]:
@@ -130,9 +128,9 @@ def console_examples(text: str) -> list[tuple[list[str], str]]:
 
 
 @pytest.fixture
-def readme_module(tmp_path, monkeypatch):
-    """The README's my_rewards.py, written out and importable (as with PYTHONPATH=.)."""
-    section = readme_section("Write your own reward worker")
+def page_module(tmp_path, monkeypatch):
+    """The documentation's my_rewards.py, written out and importable (as with PYTHONPATH=.)."""
+    section = plugin_page()
     (source,) = code_blocks(section, "python")
     assert source.startswith("# my_rewards.py\n")
     (tmp_path / "my_rewards.py").write_text(source, encoding="utf-8")
@@ -141,8 +139,8 @@ def readme_module(tmp_path, monkeypatch):
     sys.modules.pop("my_rewards", None)
 
 
-def test_readme_example_scores_through_the_worker_as_its_config_says(readme_module):
-    (config_yaml,) = code_blocks(readme_module, "yaml")
+def test_the_example_scores_through_the_worker_as_its_config_says(page_module):
+    (config_yaml,) = code_blocks(page_module, "yaml")
     config = RewardConfig(**yaml.safe_load(config_yaml)["rewards"]["qa"])
     with RewardWorker("qa", config.worker, config.options, processes=1) as worker:
         results = worker.score_batch(
@@ -159,15 +157,15 @@ def test_readme_example_scores_through_the_worker_as_its_config_says(readme_modu
     assert results[3].mask_reason == "not_applicable"
 
 
-def test_readme_entry_point_snippet_names_the_same_class(readme_module):
-    (toml,) = code_blocks(readme_module, "toml")
+def test_the_entry_point_snippet_names_the_same_class(page_module):
+    (toml,) = code_blocks(page_module, "toml")
     assert '[project.entry-points."roll_pipeline.reward_workers"]' in toml
     assert 'keyword = "my_rewards:KeywordScorer"' in toml
     assert registry.ENTRY_POINT_GROUP == "roll_pipeline.reward_workers"
 
 
-def test_readme_commands_print_what_the_readme_shows(readme_module, capsys):
-    examples = console_examples(README.read_text(encoding="utf-8"))
+def test_the_pages_commands_print_what_they_show(page_module, capsys):
+    examples = console_examples(plugin_page() + (ROOT / "docs" / "rewards.md").read_text(encoding="utf-8"))
     assert {argv[2] for argv, _ in examples} >= {"math_rule", "my_rewards:KeywordScorer"}
     for argv, shown in examples:
         assert main(argv) == 0, argv
@@ -185,10 +183,10 @@ def project_imports(source: str) -> set[str]:
     return {n for n in names if n.split(".")[0] in ("roll_core", "roll_pipeline", "workers", "schedulers")}
 
 
-def test_a_plugin_needs_only_the_api(readme_module):
-    """The README's plugin and the example package import the project through roll_pipeline.api alone: what a
+def test_a_plugin_needs_only_the_api(page_module):
+    """The documentation's plugin and the example package import the project through roll_pipeline.api alone: what a
     plugin builds on stays put when the code behind it moves."""
-    (readme_source,) = code_blocks(readme_module, "python")
+    (readme_source,) = code_blocks(page_module, "python")
     package = ROOT / "tests" / "fixtures" / "roll_reward_plugin_example" / "roll_reward_plugin_example"
     sources = [readme_source] + [p.read_text(encoding="utf-8") for p in package.rglob("*.py")]
     assert [project_imports(s) for s in sources] == [{"roll_pipeline.api"}] * len(sources)

@@ -145,6 +145,6 @@ def test_the_embedded_models_make_test_built_are_sound_builds(name):
     assert weights_sha256(model_dir) == info["weights_sha256"]
     assert build_problems(name, model_dir) == []
     if known_build(name, info["weights_sha256"]) is None:
-        warnings.warn(f"{name} built {info['weights_sha256']}, none of its known builds: the README's and the "
+        warnings.warn(f"{name} built {info['weights_sha256']}, none of its known builds: the documented (docs/) and the "
                       "learning tests' figures were measured on those; add it to known_builds once they are "
                       "measured on it", stacklevel=1)

@@ -73,7 +73,7 @@ def test_a_vllm_run_syncs_weights_validates_checkpoints_and_resumes_async(tmp_pa
     weight_max = step_metrics(uri, "offpolicy/is_weight_max")
     assert sorted(kl) == [1, 2]
     # step 2 was generated after step 1's update reached vLLM: one policy on both sides. Measured 2026-11-27
-    # (vLLM 0.32.0's CPU build, this test's seed): see the closing figures in the README's vLLM section.
+    # (vLLM 0.32.0's CPU build, this test's seed): see the closing figures of docs/placement.md's vLLM part.
     assert kl[2] < 1e-5 and abs(weight_max[2] - 1.0) < 1e-3, (kl, weight_max)
     assert step_metrics(uri, "val_correct/all/mean")  # validation generated on vLLM at step 0 and step 2
 

@@ -32,7 +32,7 @@ class EmbeddedModel:
     """Data it is warmed up on, under examples/data/."""
     known_builds: tuple[tuple[str, str], ...]
     """(sha256 of the weights, where that build was seen) for the default build (seed 0) with the pinned packages.
-    The README's and the tests' figures were measured on these; another processor may build another model."""
+    The documented figures (docs/) and the tests' were measured on these; another processor may build another model."""
     min_heldout_accuracy: float
     """The least greedy accuracy on the build's held-out rows (build_info.json) a sound build reaches: below the
     lowest of independent builds (seeds), so that every processor's build passes and a broken build does not."""
@@ -49,7 +49,7 @@ class EmbeddedModel:
 
 
 # Quality bounds: each build's own figures (build_info.json, judge_eval.json) of seeds 0-3, measured 2026-11-25 on
-# the AMD EPYC with `roll model build NAME --seed N --models-dir DIR` (the README's table), min / max over the four:
+# the AMD EPYC with `roll model build NAME --seed N --models-dir DIR` (docs/embedded-models.md's table), min / max over the four:
 #   tiny-qwen2        held-out accuracy 0.08 / 0.45,   final loss 0.28 / 0.61
 #   tiny-qwen2-multi  held-out accuracy 0.027 / 0.227, final loss 0.52 / 0.76
 #   tiny-qwen2-judge  held-out accuracy 0.76 / 0.96,   final loss 0.008 / 0.100, verdicts 0.678 / 0.897 (chance 0.5)

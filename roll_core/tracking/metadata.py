@@ -70,7 +70,7 @@ def build_seed(model_path: Path) -> str | None:
 
 
 def run_tags(resolved: ResolvedConfig, hash_inputs: bool = True) -> dict[str, str]:
-    """Tags describing a run's code and inputs (see the README's tracking section for the names)."""
+    """Tags describing a run's code and inputs (docs/tracking.md names them)."""
     cfg = resolved.config
     tags = {
         "roll.version": package_version(),

@@ -137,7 +137,7 @@ def cmd_model_fetch(args: argparse.Namespace) -> int:
     known = PRETRAINED_MODELS[args.name].known_weights_sha256
     if known and info["weights_sha256"] != known:
         warn(f"{args.name}'s weights differ from the known conversion ({known[:8]}): another gguf or transformers "
-             "version; the README's figures were measured on the known one")
+             "version; the documented figures (docs/) were measured on the known one")
     return 0
 
 
@@ -181,7 +181,7 @@ def cmd_model_build(args: argparse.Namespace) -> int:
         if args.seed == 0 and known_build(name, digest) is None:
             known = ", ".join(sha[:8] for sha, _ in EMBEDDED_MODELS[name].known_builds)
             warn(f"{name}'s weights are none of its known builds ({known}): other package versions, a CPU without "
-                 "AVX2, or a processor not seen before; the README's figures were measured on the known builds")
+                 "AVX2, or a processor not seen before; the documented figures (docs/) were measured on the known builds")
     return 0
 
 

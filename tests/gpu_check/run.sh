@@ -42,7 +42,7 @@ fi
 # The code sandbox's memory cgroups: a reward worker makes them under its own cgroup, whose children need the
 # memory controller (cgroup v2). A container's or VM's command cgroup often lacks it (seen on a lent H200); as
 # root the check then runs from the root cgroup, which may have processes and controllers both. A host that runs
-# the workers under systemd gives them a delegated scope instead (README, 'The code sandbox').
+# the workers under systemd gives them a delegated scope instead (docs/code-sandbox.md).
 cg=/sys/fs/cgroup
 if [ "$(id -u)" = 0 ] && [ -f "$cg/cgroup.controllers" ]; then
     own="$cg$(sed -n 's/^0:://p' /proc/self/cgroup)"

@@ -4,7 +4,7 @@ The pieces live in ``workers/rewards/sandbox/``: ``formats`` (the ``test_cases``
 that runs inside), ``checker`` + ``relay`` (assert-style and ``check(candidate)`` tests, run in a sandbox of their
 own against the program's), ``isolation`` + ``layers`` (bubblewrap, limits, and the start-up check of what works on
 this host), ``process`` + ``prestarted`` (pre-started local sandboxes), ``remote`` (a SandboxFusion-compatible service)
-and ``verdicts`` (verdicts from reported data). README "Code sandbox" has the
+and ``verdicts`` (verdicts from reported data). docs/code-sandbox.md has the
 whole story, including what each hostile program in the regression suite tries.
 
 Reward: the fraction of tests passed (``reward_mode: fraction``) or 1/0 (``all_or_nothing``). Metrics:

@@ -54,7 +54,7 @@ class SandboxPool:
         self.reuse = reuse and spec.bwrap is not None and spec.seccomp is not None
         # Starting a sandbox takes several times longer than a typical run (mostly kernel namespace set-up, not
         # CPU), so a pool only as deep as the concurrency leaves runs waiting for a start. Deeper pools keep up
-        # better but hold ~13 MiB per idle sandbox, in every scoring process (README "Code sandbox").
+        # better but hold ~13 MiB per idle sandbox, in every scoring process (docs/code-sandbox.md).
         self.size = 2 * concurrency if size is None else size
         if self.size < 1:
             raise ValueError(f"sandbox pool size must be at least 1, got {self.size}")
