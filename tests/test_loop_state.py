@@ -94,6 +94,32 @@ def test_without_a_pending_rollout_no_file_is_written_and_none_comes_back(tmp_pa
     assert restored.pending_rollout is None
 
 
+def test_a_fresh_loop_starts_before_step_one_with_nothing_trained():
+    """The run's loop begins at step 1 (step + 1), and actor_infer's weights (version 0) need no sync before it."""
+    fresh = LoopState(kl_ctrl=kl_controller())
+    assert (fresh.step, fresh.trained_version, fresh.history) == (0, 0, {})
+    assert fresh.val_outcomes is None and fresh.first_val is None and fresh.pending_rollout is None
+
+
+def test_a_checkpoint_from_before_the_loop_state_finds_its_pending_rollout_by_its_file(tmp_path):
+    state = played().checkpoint(tmp_path)
+    del state["pending_rollout"]  # older state files have no key for it: the file alone says
+    restored = LoopState(kl_ctrl=kl_controller())
+    restored.load_checkpoint(state, tmp_path)
+    assert comparable("pending_rollout", restored.pending_rollout) == comparable("pending_rollout", played().pending_rollout)
+    (tmp_path / PENDING_ROLLOUT_FILE).unlink()
+    restored = LoopState(kl_ctrl=kl_controller())
+    restored.load_checkpoint(state, tmp_path)
+    assert restored.pending_rollout is None
+
+
+def test_a_pending_rollout_whose_file_is_missing_is_an_error(tmp_path):
+    state = played().checkpoint(tmp_path)
+    (tmp_path / PENDING_ROLLOUT_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match="names a pending rollout"):
+        LoopState(kl_ctrl=kl_controller()).load_checkpoint(state, tmp_path)
+
+
 def test_a_launched_rollout_is_refused(tmp_path):
     loop = LoopState(kl_ctrl=kl_controller(), pending_rollout=Rollout(version=1, refs={"math": object()}))
     with pytest.raises(ValueError, match="collected before a checkpoint"):

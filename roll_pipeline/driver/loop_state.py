@@ -112,9 +112,17 @@ def _save_rollout(rollout: Rollout | None, folder: Path) -> bool:
     return True
 
 
-def _load_rollout(_: Any, saved: Any, folder: Path) -> Rollout | None:
+def _load_rollout(_: Any, saved: bool | None, folder: Path) -> Rollout | None:
+    """The rollout the state file says was pending (`saved`: whether one was); a checkpoint from before the state
+    file said so (None) has one where its file is."""
     path = folder / PENDING_ROLLOUT_FILE
-    return Rollout(**torch.load(path, weights_only=False)) if path.exists() else None
+    if saved is None:
+        saved = path.exists()
+    if not saved:
+        return None
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: the checkpoint's state names a pending rollout, but its file is missing")
+    return Rollout(**torch.load(path, weights_only=False))
 
 
 def _outcomes_codec() -> Codec:
