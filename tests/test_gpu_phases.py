@@ -97,6 +97,6 @@ def test_vllm_sharing_its_gpus_sleeps_after_validation_keeping_its_weights(examp
     pipeline = RLVRPipeline(load_config(example))
     pipeline.runtime.actor_infer, pipeline.answer_keys = RecordingCluster(), {}
     monkeypatch.setattr(pipeline, "_settle", lambda: None)
-    monkeypatch.setattr(pipeline, "on_schedulers", lambda *args: [])  # no validation prompts: only the phases
+    monkeypatch.setattr(pipeline.runtime, "on_schedulers", lambda *args: [])  # no validation prompts: only the phases
     pipeline.validate()
     assert pipeline.runtime.actor_infer.calls == calls

@@ -285,15 +285,15 @@ def test_job_submission_ships_the_project_and_runs_the_example(tmp_path, tiny_mo
 def test_a_job_ships_its_module_path_reward_plugin_and_finds_installed_entry_point_ones(
     tmp_path, user_cluster, mlflow_db
 ):
-    # A job folder of its own: a config whose math domain adds the documentation's KeywordScorer (docs/reward-plugins.md) by module path (a file
-    # that exists only in the folder Ray ships) and the plugin example's entry-point worker, pinned to the far node.
+    # A job folder of its own: a config whose math domain adds docs/reward-plugins.md's KeywordScorer by module
+    # path (a file that exists only in the folder Ray ships) and the plugin example's entry-point worker, pinned to the far node.
     import yaml
 
-    from tests.test_reward_plugins import code_blocks, readme_section
+    from tests.test_reward_plugins import code_blocks, plugin_page
 
     folder = tmp_path / "job"
     folder.mkdir()
-    (folder / "my_rewards.py").write_text(code_blocks(readme_section("Write your own reward worker"), "python")[0])
+    (folder / "my_rewards.py").write_text(code_blocks(plugin_page(), "python")[0])
     raw = yaml.safe_load((EXAMPLES / "math_code.yaml").read_text())
     raw["pretrain"] = str(TINY_MODEL)
     raw["data"] = {**raw["data"], "train_files": [str(EXAMPLES / "data" / "math_train.jsonl")],
