@@ -60,10 +60,10 @@ class RLVRPipeline:
     carries from step to step (`loop`, saved and restored whole; loop_state.py); checkpoints are written and
     read by run_state.py. This module is the step and the loop."""
 
-    def __init__(self, resolved: ResolvedConfig, runtime: ClusterRuntime | None = None) -> None:
+    def __init__(self, resolved: ResolvedConfig) -> None:
         self.resolved = resolved
         self.cfg = resolved.config
-        self.runtime = runtime or ClusterRuntime(self.cfg)
+        self.runtime = ClusterRuntime(self.cfg)
         self.loop = LoopState(
             kl_ctrl=KL_CONTROLLERS.get(self.cfg.kl_ctrl)(
                 kl_coef=self.cfg.init_kl_coef, target_kl=self.cfg.target_kl, horizon=self.cfg.kl_horizon

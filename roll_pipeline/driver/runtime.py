@@ -186,11 +186,10 @@ class ClusterRuntime:
                      for c in cfg.rewards[domain].components()}
             for domain in cfg.domain_interleave_probs
         }
-        self.wait_started([c for c in (self.actor_train, self.actor_infer, self.reference, self.critic) if c]
-                          + self.reward_clusters())
-        for trained in filter(None, [self.actor_train, self.critic]):
-            trained.init_process_group()
-        trained = [c for c in (self.actor_train, self.critic) if c is not None]
+        self.wait_started(self.clusters())
+        trained = self.trained_clusters()
+        for cluster in trained:
+            cluster.init_process_group()
         self.wait_for([ref for c in trained for ref in c.call_async("initialize")],
                       [name for c in trained for name in c.call_names("initialize")])
 
@@ -282,6 +281,10 @@ class ClusterRuntime:
         trained_and_infer = [self.actor_train, self.actor_infer, self.reference, self.critic]
         return [c for c in trained_and_infer if c is not None] + self.reward_clusters()
 
+    def trained_clusters(self) -> list[Cluster]:
+        """The clusters that hold training state: actor_train, and the critic where there is one."""
+        return [c for c in (self.actor_train, self.critic) if c is not None]
+
     def reward_clusters(self) -> list[Cluster]:
         return [cluster for by_name in self.rewards.values() for cluster in by_name.values()]
 
@@ -289,10 +292,7 @@ class ClusterRuntime:
         for scheduler in self.schedulers.values():
             ray.kill(scheduler)
         self.schedulers = {}
-        for cluster in (self.actor_train, self.actor_infer, self.reference, self.critic):
-            if cluster is not None:
-                cluster.shutdown()
-        for cluster in self.reward_clusters():
+        for cluster in self.clusters():
             cluster.shutdown()
         if self.device_pool is not None:
             self.device_pool.release()
@@ -304,7 +304,7 @@ class ClusterRuntime:
     def dead_training_workers(self) -> list[str]:
         """Ranks of actor_train and critic that no longer answer."""
         dead = []
-        for cluster in filter(None, [self.actor_train, self.critic]):
+        for cluster in self.trained_clusters():
             for rank, worker in enumerate(cluster.workers):
                 try:
                     ray.get(worker.ready.remote(), timeout=30)
