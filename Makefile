@@ -101,7 +101,8 @@ test-fast: model
 
 # Mutation testing of the core with cosmic-ray (mutation/run.py; results in MUTATION.md). Not part of `make test`:
 # every target takes minutes to an hour on 2 cores. MODULES=path/to/module.py runs only those targets;
-# MUTATION_ARGS=--survivors runs only the mutants that survived their saved run (after adding tests).
+# MUTATION_ARGS=--survivors runs only the mutants that survived their saved run (after adding tests);
+# MUTATION_ARGS=--fresh tests each mutant in a fresh interpreter instead of a fork of the warm runner.
 .PHONY: mutation
 MODULES ?=
 MUTATION_ARGS ?=

@@ -2,7 +2,8 @@
 
 For each target of mutation/targets.toml (or the modules named), in a copy of the working tree (cosmic-ray edits
 the module it mutates in place): every mutant cosmic-ray's operators make of the module, each tested by running
-the target's test files in a fresh interpreter. A mutant is *killed* when the tests fail, *timed out* when they
+the target's test files as a fresh interpreter would (a fork of the warm runner, mutation/warm.py, which
+imported the third-party libraries once; `--fresh`: a new interpreter). A mutant is *killed* when the tests fail, *timed out* when they
 run past the limit (three times the unmutated run, at least 60 s; a mutant that loops counts as caught), and
 *survived* when they pass. Mutants inside annotations are not run: with `from __future__ import annotations` no
 annotation is evaluated, so they are equivalent by construction. As many mutants run at once as there are cores,
@@ -32,12 +33,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -78,11 +81,36 @@ def copy_tree(dest: Path) -> None:
             os.symlink(ROOT / name, dest / name)
 
 
-def test_command(tests: list[str], select: str | None = None) -> list[str]:
+def test_command(tests: list[str], select: str | None = None, warm: Path | None = None) -> list[str]:
     """pytest on the target's test files; `select` a marker expression (a target's "not slow" leaves out its
-    files' Ray and end-to-end tests, which would cost minutes per mutant)."""
+    files' Ray and end-to-end tests, which would cost minutes per mutant). With `warm` (the socket of a
+    mutation/warm.py server), the run is a fork of that warm process instead of a fresh interpreter."""
     marker = ["-m", select] if select else []
-    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *marker, *tests]
+    args = ["-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *marker, *tests]
+    if warm is not None:
+        return [sys.executable, "mutation/warm.py", "run", str(warm), "--", *args]
+    return [sys.executable, "-m", "pytest", *args]
+
+
+@contextlib.contextmanager
+def warm_server(folder: Path, env: dict[str, str]):
+    """A mutation/warm.py server (its libraries imported once) for the target's test runs; yields its socket."""
+    sock = folder / "warm.sock"
+    env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # nothing of the project before the fork
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "mutation" / "warm.py"), "serve", str(sock)],
+        cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+    try:
+        for line in server.stdout:
+            if line.strip() == "warm runner ready":
+                break
+        else:
+            raise SystemExit(f"the warm runner did not start (exit code {server.wait(60)})")
+        yield sock
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(30)
 
 
 def free_port() -> int:
@@ -201,13 +229,15 @@ def saved_survivors(module: str) -> dict:
     return saved
 
 
-def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict:
+def run_target(target: dict, workers: int, survivors_only: bool = False, fresh: bool = False) -> dict:
     """Mutate one module, `workers` mutants at a time, each worker in a fresh copy of the tree (cosmic-ray
     mutates the file in place); returns the results. With `survivors_only`, only the saved run's survivors run
-    and the saved counts are updated."""
+    and the saved counts are updated. Each test run forks the warm runner (mutation/warm.py), or with `fresh`
+    starts a fresh interpreter."""
     module, tests, select = target["module"], target["tests"], target.get("select")
     saved = saved_survivors(module) if survivors_only else None
-    with tempfile.TemporaryDirectory(prefix="roll-mutation-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="roll-mutation-") as tmp, contextlib.ExitStack() as stack:
+        warm = None if fresh else stack.enter_context(warm_server(Path(tmp), dict(os.environ)))
         copies = [Path(tmp) / f"copy{i}" for i in range(workers)]
         for copy in copies:
             copy.mkdir()
@@ -215,7 +245,7 @@ def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict
         work = copies[0]
         env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
         started = time.monotonic()
-        baseline = subprocess.run(test_command(tests, select), cwd=work, env=env, capture_output=True, text=True)
+        baseline = subprocess.run(test_command(tests, select, warm), cwd=work, env=env, capture_output=True, text=True)
         if baseline.returncode != 0:
             raise SystemExit(f"{module}: its tests fail without any mutation:\n{baseline.stdout[-3000:]}")
         limit = max(60.0, 3 * (time.monotonic() - started))
@@ -226,7 +256,7 @@ def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict
             f'module-path = "{module}"\n'
             f"timeout = {limit:.0f}\n"
             "excluded-modules = []\n"
-            f"test-command = {json.dumps(shlex.join(test_command(tests, select)))}\n"
+            f"test-command = {json.dumps(shlex.join(test_command(tests, select, warm)))}\n"
             '[cosmic-ray.distributor]\nname = "http"\n'
             "[cosmic-ray.distributor.http]\n"
             f"worker-urls = {json.dumps([f'http://127.0.0.1:{p}' for p in ports])}\n"
@@ -286,6 +316,7 @@ def run_target(target: dict, workers: int, survivors_only: bool = False) -> dict
         "select": select,
         "goal": target["goal"],
         "limit_s": round(limit),
+        "runner": "fresh" if fresh else "warm",
         "run_s": run_s,
         "counts": counts,
         "survivors": [m for m in mutants if m["outcome"] not in CAUGHT],
@@ -481,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="fail when a saved result is older than its module, or MUTATION.md stale"
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
+    parser.add_argument(
+        "--fresh", action="store_true", help="test each mutant in a fresh interpreter (not a fork of the warm runner)"
+    )
     args = parser.parse_args(argv)
     targets, explained = load_targets()
     if args.check:
@@ -497,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         RESULTS.mkdir(parents=True, exist_ok=True)
         for module in args.modules or list(known):
-            result = run_target(known[module], args.workers, args.survivors)
+            result = run_target(known[module], args.workers, args.survivors, args.fresh)
             previous = json.loads(result_path(module).read_text()) if result_path(module).is_file() else None
             result_path(module).write_text(json.dumps(result, indent=1) + "\n")
             print(f"{module}: {result['counts']}", flush=True)
