@@ -1,7 +1,7 @@
 """Name -> function registries, so YAML chooses algorithms and filters by name and nothing branches on names.
 
 The registries live here, in the core, and import nothing: the functions register themselves when their modules
-are imported (roll_core/algorithms, schedulers/filters.py). Checking a config's names against them is the
+are imported (roll_core/algorithms, schedulers/filters.py, schedulers/rollout.py). Checking a config's names against them is the
 driver's work (roll_pipeline/driver/names.py), which imports those modules first.
 """
 
@@ -57,6 +57,7 @@ REWARD_NORMS = Registry("reward normalisation")
 GROUP_FILTERS = Registry("group filter")
 RESPONSE_FILTERS = Registry("response filter")
 DOMAIN_MIXERS = Registry("domain mixer")
+ROLLOUTS = Registry("rollout")
 
 register_advantage = ADVANTAGES.register
 register_policy_loss = POLICY_LOSSES.register

@@ -213,6 +213,12 @@ def test_the_core_loader_checks_no_registered_names_and_the_driver_does(tmp_path
     assert "rewards.math.group_filters.std_filtr: unknown group filter 'std_filtr'" in message
 
 
+def test_a_domain_chooses_its_rollout_by_a_registered_name(tmp_path):
+    assert load(tmp_path, BASE).config.rewards["math"].rollout == "single_turn"
+    message = error_of(tmp_path, BASE, ["rewards.math.rollout=multi_turnn"])
+    assert "rewards.math.rollout: must be one of ['single_turn'], got 'multi_turnn'" in message
+
+
 def test_references_keep_types_and_embed_in_strings():
     tree = {"a": {"n": 3, "name": "x"}, "b": "${a.n}", "c": "run-${a.name}-${a.n}", "d": ["${a.n}"]}
     assert interpolate(tree) == {"a": {"n": 3, "name": "x"}, "b": 3, "c": "run-x-3", "d": [3]}

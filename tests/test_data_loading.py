@@ -20,7 +20,7 @@ from roll_core.data.loading import (
     require_unique_ids,
     route_by_domain,
 )
-from schedulers.dynamic_sampling import PromptSampler
+from schedulers.draws import PromptSampler
 
 ROWS = [
     {"id": "a", "tag": "add", "messages": [{"role": "user", "content": "1+1"}], "ground_truth": "2"},

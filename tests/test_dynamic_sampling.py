@@ -16,7 +16,9 @@ from roll_core.config import GeneratingArgs, load_config
 from roll_core.data.loading import encode_prompts
 from roll_core.rewards.scorer import RewardResult, RewardScorer
 from roll_pipeline.distributed.cluster import Cluster
-from schedulers.dynamic_sampling import PromptSampler, SamplingBoundError, request_seed, start_scheduler
+from schedulers.draws import PromptSampler, request_seed
+from schedulers.dynamic_sampling import start_scheduler
+from schedulers.step import SamplingBoundError
 from tests.conftest import EXAMPLES, TINY_MODEL
 from workers.rewards.worker import RewardWorker
 

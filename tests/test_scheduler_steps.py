@@ -22,18 +22,18 @@ import torch
 from ray.exceptions import ActorUnavailableError, RayActorError
 from transformers import AutoTokenizer
 
-import schedulers.dynamic_sampling as ds
 from roll_core.config import GeneratingArgs
 from roll_core.data.loading import encode_prompts
+from roll_core.registry import ROLLOUTS
 from roll_core.rewards.scored import ScoredSample
-from schedulers.dynamic_sampling import (
-    DynamicSamplingScheduler,
-    PromptSampler,
-    SamplingBoundError,
-    prompt_rows,
-    request_seed,
-)
+from schedulers import clients as clients_module
+from schedulers import rollout as rollout_module
+from schedulers import step as step_module
+from schedulers.draws import PromptSampler, request_seed
+from schedulers.dynamic_sampling import DynamicSamplingScheduler
 from schedulers.filters import RESPONSE_FILTERS
+from schedulers.rollout import SingleTurnRollout, prompt_rows
+from schedulers.step import SamplingBoundError
 from tests.conftest import TINY_MODEL
 from tests.test_dynamic_sampling import PATTERNS, config, draw_order, filtered_in_order, rows_of
 from workers.actor_infer import StaleWeightsError
@@ -226,8 +226,10 @@ class FakeTime:
                 self.now += seconds
                 await real.sleep(0)
 
-        monkeypatch.setattr(ds, "asyncio", Asyncio())
-        monkeypatch.setattr(ds, "time", SimpleNamespace(perf_counter=lambda: self.now, monotonic=lambda: self.now))
+        clock = SimpleNamespace(perf_counter=lambda: self.now, monotonic=lambda: self.now)
+        for module in (clients_module, rollout_module, step_module):  # the modules of the scheduler that read the clock or sleep
+            monkeypatch.setattr(module, "time", clock)
+        monkeypatch.setattr(clients_module, "asyncio", Asyncio())
 
 
 def ids(batch):
@@ -668,6 +670,23 @@ def test_an_infer_worker_that_stays_away_past_the_wait_fails_the_step(monkeypatc
     assert len(infer.requests) == len(clock.slept) + 1
 
 
+def test_the_wait_for_a_restarting_worker_ends_past_300_s_not_on_it(monkeypatch):
+    """A try that fails exactly RESTART_WAIT_S after the first is tried again; one that fails half a second later
+    ends the step."""
+    clock = FakeTime(monkeypatch)
+    fail_at = iter([300.0, 300.5, 400.0, 500.0])
+
+    class Away(Infer):
+        async def generate_request(self, *args, **kwargs):
+            clock.now = next(fail_at)  # the moment this try's failure is seen
+            return await super().generate_request(*args, **kwargs)
+
+    infer = Away(unavailable=4)
+    with pytest.raises(ActorUnavailableError):
+        step(make(config(), rows_of(["half"] * 4), infer), 1)
+    assert len(infer.requests) == 2 and clock.slept == [0.1]
+
+
 def test_a_dead_reward_worker_passes_the_batch_on_and_all_dead_masks_it(caplog):
     cfg = config()
     first, second = Reward(lost=True), Reward()
@@ -750,6 +769,31 @@ def test_the_batch_carries_the_generators_log_probs_and_the_rows_meta():
     assert batch["prompt_ids"][0].tolist() == s.prompt_ids[first] and batch["prompt_mask"].min() == 1
     assert batch["response_mask"].sum(-1).tolist()[:2] == [2.0, 3.0]
     assert "infer_log_probs" not in step(make(config(), rows, Infer()), 1)[0].tensors
+
+
+def test_the_domain_config_chooses_the_rollout_class(monkeypatch):
+    """rewards.<domain>.rollout names the class that makes the domain's groups (ROLLOUTS); the fill loop calls
+    whatever class that is."""
+
+    class Counting(SingleTurnRollout):
+        calls: list[str] = []
+
+        def draw(self, call, stats):
+            Counting.calls.append("draw")
+            return super().draw(call, stats)
+
+        def filter(self, group):
+            Counting.calls.append("filter")
+            return super().filter(group)
+
+    monkeypatch.setitem(ROLLOUTS._items, "counting", Counting)
+    monkeypatch.setitem(ROLLOUTS._traits, "counting", {})
+    assert type(make(config(), rows_of(["half"] * 4), Infer()).rollout) is SingleTurnRollout
+    s = make(config(["rewards.math.rollout=counting", "dynamic_sampling.max_running_requests=1"]),
+             rows_of(["half"] * 4), Infer())
+    assert type(s.rollout) is Counting
+    batch, _ = step(s, 2)
+    assert sorted(Counting.calls) == ["draw", "draw", "filter", "filter"] and len(batch) == 2 * N
 
 
 def test_prompt_rows_picks_one_prompts_group():

@@ -96,6 +96,9 @@ class RewardConfig:
     """Dynamic sampling: named group filters (schedulers/filters.py) with their parameters, applied in order; a
     dropped group's slot goes to a fresh prompt. `{std_filter: {}}` is DAPO's rule (drop groups whose rewards
     are all equal); `{mean_filter: {low: 0.1, high: 0.9}}` drops too-easy and too-hard prompts."""
+    rollout: str = "single_turn"
+    """How one prompt's group is made (schedulers/rollout.py's ROLLOUTS): `single_turn`, one generation per group
+    scored once."""
     max_prompts_factor: float | None = None
     """This domain's redraw bound, overriding dynamic_sampling.max_prompts_factor (e.g. a domain whose groups
     rarely pass its filters may get a lower bound, so redraws do not hold up the step)."""

@@ -2,7 +2,7 @@
 
 The core config (roll_core/config) checks structure and ranges and imports nothing that registers; the names
 it holds (an advantage estimator, a policy loss, a filter, ...) are only known once the modules that register
-them are imported: roll_core/algorithms (torch) and schedulers/filters.py. `load_run_config` is the driver's
+them are imported: roll_core/algorithms (torch), schedulers/filters.py and schedulers/rollout.py. `load_run_config` is the driver's
 way to load a config: the core loader, with these checks folded into its one error.
 """
 
@@ -19,6 +19,7 @@ def name_problems(cfg: PipelineConfig) -> Iterator[tuple[str, str]]:
     needs the config does not meet (an estimator that needs a critic, without a critic section)."""
     from roll_core import algorithms
     from schedulers.filters import GROUP_FILTERS, RESPONSE_FILTERS, check_filters
+    from schedulers.rollout import ROLLOUTS
 
     named = [
         ("adv_estimator", algorithms.ADVANTAGES),
@@ -54,6 +55,8 @@ def name_problems(cfg: PipelineConfig) -> Iterator[tuple[str, str]]:
                 f"needs a critic (an estimator that uses one, e.g. gae), got adv_estimator {cfg.adv_estimator!r}",
             )
     for domain, reward in cfg.rewards.items():
+        if reward.rollout not in ROLLOUTS.names():
+            yield f"rewards.{domain}.rollout", f"must be one of {ROLLOUTS.names()}, got {reward.rollout!r}"
         for key, message in check_filters(GROUP_FILTERS, reward.group_filters):
             yield f"rewards.{domain}.group_filters.{key}", message
         for key, message in check_filters(RESPONSE_FILTERS, reward.response_filters):
