@@ -37,9 +37,9 @@ import ray
 from roll_core.batch import Batch
 from roll_core.config import GeneratingArgs, PipelineConfig
 from schedulers.clients import InferClient, RewardClient
-from schedulers.draws import PromptSampler, request_seed
+from schedulers.draws import PromptSampler
 from schedulers.ledger import DifficultyLedger
-from schedulers.rollout import ROLLOUTS, group_batch, prompt_rows
+from schedulers.rollout import ROLLOUTS
 from schedulers.step import FillStep, SamplingBoundError, StepOutcome, StepStats
 from schedulers.step_metrics import step_metrics
 from workers.rewards.combine import Component
@@ -178,30 +178,17 @@ class DynamicSamplingScheduler:
         n = len(self.val_rows) if max_prompts <= 0 else min(max_prompts, len(self.val_rows))
         call = self._next_call()
         step = max(1, self.VAL_PROMPTS_PER_REQUEST // num_samples)
+        stats = StepStats()  # validation's retries and failures are logged, not counted in a step's metrics
         chunks = await asyncio.gather(
-            *(self._validate_chunk(call, start, min(start + step, n), args, num_samples) for start in range(0, n, step))
+            *(
+                self.rollout.evaluate(
+                    call, start, self.val_rows[chunk], self.val_prompt_ids[chunk], args, num_samples, stats
+                )
+                for start in range(0, n, step)
+                for chunk in [slice(start, min(start + step, n))]
+            )
         )
         return Batch.concat([b for parts in chunks for b in parts])
-
-    async def _validate_chunk(
-        self, call: int, start: int, stop: int, args: GeneratingArgs, num_samples: int
-    ) -> list[Batch]:
-        ids, rows = self.val_prompt_ids[start:stop], self.val_rows[start:stop]
-        seed = request_seed(self.seed, self.domain, call, f"val{start}") if self.deterministic else None
-        request_id = f"{self.domain}/val{call}/{start}"
-        stats = StepStats()  # validation's retries and failures are logged, not counted in a step's metrics
-        output = await self.infer.generate(self.infer.next_worker(), request_id, ids, args, num_samples, seed, stats)
-        texts = self.rollout.decode(output)
-        results = await self.rewards.score([row for row in rows for _ in range(num_samples)], texts, stats)
-        parts = []
-        for k, row in enumerate(rows):
-            part = prompt_rows(output, k, num_samples)
-            rows_k = slice(k * num_samples, (k + 1) * num_samples)
-            part = {key: part[key] for key in ("response_ids", "response_mask", "finish_reason")}
-            parts.append(
-                group_batch(self.domain, row, ids[k], part, texts[rows_k], results[rows_k], [False] * num_samples)
-            )
-        return parts
 
     # ------------------------------------------------------------------------------------------- state
 

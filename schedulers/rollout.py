@@ -8,7 +8,8 @@ loop (schedulers/step.py) calls it and never asks which kind it has. Its interfa
 - score: a generated group decoded and judged by the domain's rewards;
 - filter: the response filters (a rejected response leaves the loss) and the group filters (a dropped group's
   slot goes to a fresh prompt);
-- account: a group's rows in the step's batch (a filler group's rows all left out of the loss).
+- account: a group's rows in the step's batch (a filler group's rows all left out of the loss);
+- evaluate: validation of a few prompts, generated and scored as the kind generates and scores (no filters).
 
 SingleTurnRollout, the one kind so far: one generation per group, scored once. A multi-turn kind (tool calls
 between turns) is another class beside it, with the same interface.
@@ -132,6 +133,27 @@ class SingleTurnRollout:
         return group_batch(
             self.domain, row, self.prompt_ids[group.index], group.output, group.texts, group.results, rejected
         )
+
+    async def evaluate(
+        self, call: int, start: int, rows: list[dict[str, Any]], prompt_ids: list[list[int]], args: GeneratingArgs,
+        num_samples: int, stats: Any,
+    ) -> list[Batch]:
+        """Validation of a few prompts (validation rows `start`, `start + 1`, ...) in one request: `num_samples`
+        responses each, scored, one batch per prompt; no filters (every response is in)."""
+        seed = request_seed(self.seed, self.domain, call, f"val{start}") if self.deterministic else None
+        request_id = f"{self.domain}/val{call}/{start}"
+        output = await self.infer.generate(
+            self.infer.next_worker(), request_id, prompt_ids, args, num_samples, seed, stats
+        )
+        texts = self.decode(output)
+        results = await self.rewards.score([row for row in rows for _ in range(num_samples)], texts, stats)
+        kept = {key: output[key] for key in ("response_ids", "response_mask", "finish_reason")}
+        whole = {**kept, "texts": texts, "results": results}
+        parts = [prompt_rows(whole, k, num_samples) for k in range(len(rows))]
+        return [
+            group_batch(self.domain, row, ids, part, part["texts"], part["results"], [False] * num_samples)
+            for row, ids, part in zip(rows, prompt_ids, parts, strict=True)
+        ]
 
     def decode(self, output: dict[str, Any]) -> list[str]:
         ids, mask = output["response_ids"], output["response_mask"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from roll_core.config import GeneratingArgs
@@ -51,8 +51,8 @@ class StepOutcome:
     surplus: list[Group]
     stats: StepStats
     pass_rate: float
-    wall_s: float = 0.0
-    scored: list[Group] = field(default_factory=list)
+    wall_s: float
+    scored: list[Group]
     """Every group scored this step (kept, dropped or surplus), in draw order."""
 
 
@@ -85,9 +85,7 @@ class FillStep:
                     self.land(task)
         finally:
             self.stats.aborted = await self.abort()
-        outcome = self.split()
-        outcome.wall_s = time.perf_counter() - start
-        return outcome
+        return self.split(wall_s=time.perf_counter() - start)
 
     def in_flight(self) -> int:
         return sum(len(request.draws) for request in self.generating.values())
@@ -147,7 +145,7 @@ class FillStep:
         await asyncio.gather(*self.generating, *self.scoring, return_exceptions=True)
         return self.in_flight() + len(self.scoring)
 
-    def split(self) -> StepOutcome:
+    def split(self, wall_s: float) -> StepOutcome:
         """Groups that finished together can overfill the share: the earliest drawn ones go in, and groups drawn
         after the last of those are surplus (neither in the batch nor counted as dropped by a filter)."""
         kept = sorted(self.kept, key=lambda g: g.order)
@@ -157,4 +155,4 @@ class FillStep:
             surplus += [g for g in dropped if g.order > last]
             dropped = [g for g in dropped if g.order < last]
         scored = sorted(kept + dropped + surplus, key=lambda g: g.order)
-        return StepOutcome(kept, dropped, surplus, self.stats, self.pass_rate, scored=scored)
+        return StepOutcome(kept, dropped, surplus, self.stats, self.pass_rate, wall_s, scored)

@@ -786,6 +786,10 @@ def test_the_domain_config_chooses_the_rollout_class(monkeypatch):
             Counting.calls.append("filter")
             return super().filter(group)
 
+        async def evaluate(self, call, start, rows, prompt_ids, args, num_samples, stats):
+            Counting.calls.append("evaluate")
+            return await super().evaluate(call, start, rows, prompt_ids, args, num_samples, stats)
+
     monkeypatch.setitem(ROLLOUTS._items, "counting", Counting)
     monkeypatch.setitem(ROLLOUTS._traits, "counting", {})
     assert type(make(config(), rows_of(["half"] * 4), Infer()).rollout) is SingleTurnRollout
@@ -794,6 +798,11 @@ def test_the_domain_config_chooses_the_rollout_class(monkeypatch):
     assert type(s.rollout) is Counting
     batch, _ = step(s, 2)
     assert sorted(Counting.calls) == ["draw", "draw", "filter", "filter"] and len(batch) == 2 * N
+    # validation goes through the same class (a multi-turn domain is validated multi-turn)
+    Counting.calls.clear()
+    s.val_rows, s.val_prompt_ids = s.rows[:2], s.prompt_ids[:2]
+    assert len(asyncio.run(s.validate(GeneratingArgs(max_new_tokens=4)))) == 2
+    assert Counting.calls == ["evaluate"]
 
 
 def test_prompt_rows_picks_one_prompts_group():
