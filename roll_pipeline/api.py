@@ -41,6 +41,11 @@ ENTRY_POINTS: dict[str, str] = {
     "reward_sample": "roll_core.rewards.scorer:reward_sample",
     "ScoredSample": "roll_core.rewards.scored:ScoredSample",
     "register_reward_worker": "workers.rewards.registry:register_reward_worker",
+    # a multi-turn environment plugin: the contract and its registry
+    "Environment": "roll_core.environment:Environment",
+    "EnvStep": "roll_core.environment:EnvStep",
+    "EnvironmentUnavailable": "roll_core.environment:EnvironmentUnavailable",
+    "register_environment": "workers.environments.registry:register_environment",
     # workers
     "ActorTrainWorker": "workers.actor_train:ActorTrainWorker",
     "ActorInferWorker": "workers.actor_infer:ActorInferWorker",

@@ -40,8 +40,8 @@ def plugin_installed():
 def clean_registry(monkeypatch):
     """A registry copy, so that names registered by a test do not leak into others. The built-in modules are
     imported first: they register on import, once, and must do so into the registry that outlives the test."""
-    registry._import_builtins()
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.REWARD_WORKERS.import_builtins()
+    monkeypatch.setattr(registry.REWARD_WORKERS, "items", dict(registry.REWARD_WORKERS.items))
 
 
 # --- the example plugin package, through its entry point ----------------------------------------------------

@@ -117,8 +117,8 @@ def make_worker():
 def clean_registry(monkeypatch):
     """A registry copy, so that names registered by a test do not leak into others. The built-in modules are
     imported first: they register on import, once, and must do so into the registry that outlives the test."""
-    registry._import_builtins()
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.REWARD_WORKERS.import_builtins()
+    monkeypatch.setattr(registry.REWARD_WORKERS, "items", dict(registry.REWARD_WORKERS.items))
 
 
 # --- worker ---------------------------------------------------------------------------------------------------
@@ -484,11 +484,11 @@ def test_entry_point_plugins_load_lazily(clean_registry, monkeypatch):
     def entry_points(*, group):
         return [entry_point] if group == registry.ENTRY_POINT_GROUP else []
 
-    monkeypatch.setattr(registry.importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
     assert available_reward_workers()["third_party_echo"] == ECHO
-    assert "third_party_echo" not in registry._REGISTRY
+    assert "third_party_echo" not in registry.REWARD_WORKERS.items
     assert get_reward_scorer_cls("third_party_echo") is EchoScorer
-    assert registry._REGISTRY["third_party_echo"] is EchoScorer
+    assert registry.REWARD_WORKERS.items["third_party_echo"] is EchoScorer
 
 
 # --- Ray ------------------------------------------------------------------------------------------------------

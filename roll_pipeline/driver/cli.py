@@ -287,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_reward_commands(sub)  # rewards list, rewards score
 
+    from roll_pipeline.driver.env_commands import add_commands as add_env_commands
+
+    add_env_commands(sub)  # env list, env run
+
     from roll_pipeline.serve.commands import add_commands as add_serve_commands
 
     add_serve_commands(sub, model)  # serve, model build-tiny-judge

@@ -52,7 +52,7 @@ def parse_assignments(pairs: list[str], what: str, parse: Any = None) -> dict[st
     return result
 
 
-def _yaml_value(text: str) -> Any:
+def yaml_value(text: str) -> Any:
     import yaml
 
     try:
@@ -61,16 +61,21 @@ def _yaml_value(text: str) -> Any:
         raise UsageError(f"cannot read option value {text!r} as YAML: {err}") from err
 
 
-def cmd_rewards_list(args: argparse.Namespace) -> int:
-    from workers.rewards.registry import describe_reward_workers
-
-    rows = [(r.name, r.source, r.target) for r in describe_reward_workers()]
+def print_plugins(described: list, footer: str) -> None:
+    """A registry's names as a table (NAME, SOURCE, CLASS; roll_core/plugins.py's PluginInfo rows), then `footer`."""
+    rows = [(r.name, r.source, r.target) for r in described]
     header = ("NAME", "SOURCE", "CLASS")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(2)]
     for name, source, target in [header, *rows]:
         echo(f"{name:<{widths[0]}}  {source:<{widths[1]}}  {target}")
     echo("")
-    echo("rewards.<domain>.worker also takes a scorer class by path: package.module:Class")
+    echo(footer)
+
+
+def cmd_rewards_list(args: argparse.Namespace) -> int:
+    from workers.rewards.registry import describe_reward_workers
+
+    print_plugins(describe_reward_workers(), "rewards.<domain>.worker also takes a scorer class by path: package.module:Class")
     return 0
 
 
@@ -82,7 +87,7 @@ def cmd_rewards_score(args: argparse.Namespace) -> int:
         response = read_value(args.response)
         ground_truth = read_value(args.ground_truth)
         fields = parse_assignments(args.field, "--field")
-        options = parse_assignments(args.option, "--option", _yaml_value)
+        options = parse_assignments(args.option, "--option", yaml_value)
         reserved = {"response", "ground_truth"}.intersection(fields)
         if reserved:
             raise UsageError(f"--field cannot set {sorted(reserved)}: use --response / --ground-truth")
