@@ -313,3 +313,16 @@ def test_the_old_name_num_threads_still_reads_with_a_warning(tmp_path):
     both = {**BASE, "rewards": {**BASE["rewards"], "math": {**BASE["rewards"]["math"], "num_threads": 5, "num_processes": 3}}}
     assert "rewards.math.num_threads: the old name of num_processes, which is set too" in error_of(tmp_path, both)
     assert load(tmp_path, BASE).config.rewards["math"].num_processes == 2
+
+
+def test_stop_strings_are_a_list_or_one_string(tmp_path):
+    def stop(value):
+        return load(tmp_path, BASE, [f"actor_infer.generating_args.stop={value}"]).config.actor_infer.generating_args.stop
+
+    assert load(tmp_path, BASE).config.actor_infer.generating_args.stop == ()
+    assert stop('["</python>", "END"]') == ("</python>", "END")
+    assert stop('"</python>"') == ("</python>",)
+    hash(load(tmp_path, BASE, ['actor_infer.generating_args.stop=["a"]']).config.actor_infer.generating_args)
+    message = error_of(tmp_path, BASE, ['actor_infer.generating_args.stop=["x", ""]'])
+    assert "actor_infer.generating_args.stop: must be a list of non-empty strings, got ['x', '']" in message
+    assert "actor_infer.generating_args.stop" in error_of(tmp_path, BASE, ["actor_infer.generating_args.stop=[3]"])

@@ -216,3 +216,53 @@ def test_the_entropy_carries_a_gradient_only_when_asked():
     assert not dist.log_probs(logits, tokens, with_entropy=True, entropy_grad=False)[1].requires_grad  # logging
     with torch.no_grad():
         assert not dist.log_probs(logits, tokens, with_entropy=True)[1].requires_grad
+
+
+# ---------------------------------------------------------------------------------------------- stop strings
+
+
+def first_end(tokenizer, tokens: list[int], stops: tuple[str, ...]) -> int | None:
+    """The response length at which the whole decoded text first ends with a stop string (None: never)."""
+    for j in range(1, len(tokens) + 1):
+        if any(tokenizer.decode(tokens[:j]).endswith(stop) for stop in stops):
+            return j
+    return None
+
+
+def assert_cut_at_the_stop(tokenizer, plain, stopped, stops):
+    """`stopped` (generated with `stops`) is `plain` (greedy, without them) up to each row's first stop."""
+    met = 0
+    for row in range(plain["response_ids"].shape[0]):
+        tokens = plain["response_ids"][row][plain["response_mask"][row] > 0].tolist()
+        end = first_end(tokenizer, tokens, stops)
+        kept = stopped["response_ids"][row][stopped["response_mask"][row] > 0].tolist()
+        if end is None:
+            assert kept == tokens and stopped["finish_reason"][row] == plain["finish_reason"][row]
+        else:
+            met += 1
+            assert kept == tokens[:end] and stopped["finish_reason"][row] == "stop", (row, end)
+            assert int(stopped["response_mask"][row].sum()) == end
+    return met
+
+
+def test_a_stop_string_ends_a_response_where_its_text_first_ends_with_it(strategy):
+    args = GeneratingArgs(do_sample=False, max_new_tokens=24)
+    chat = [[{"role": "user", "content": text}] for text in ("12+7=", "3+4=", "40+2=", "9+9=")]
+    encoded = strategy.tokenizer.apply_chat_template(chat, add_generation_prompt=True, padding=True,
+                                                     return_tensors="pt", return_dict=True)
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    plain = strategy.generate(ids, mask, args, 1, with_log_probs=True)
+    first = plain["response_ids"][0][plain["response_mask"][0] > 0].tolist()
+    assert len(first) >= 3  # two tokens and the end of the answer
+    # stops taken from row 0's own text: its second token's text, its first two tokens' (a stop across tokens),
+    # and one that never occurs
+    for stops in [
+        (strategy.tokenizer.decode(first[1:2]), "\x00never"),
+        (strategy.tokenizer.decode(first[:2]),),
+    ]:
+        stopped = strategy.generate(ids, mask, dataclasses.replace(args, stop=stops), 1, with_log_probs=True)
+        assert assert_cut_at_the_stop(strategy.tokenizer, plain, stopped, stops) >= 1
+        kept = stopped["response_mask"] > 0
+        assert torch.equal(stopped["infer_log_probs"][kept], plain["infer_log_probs"][kept])
+        assert not stopped["infer_log_probs"][~kept].any()
+        assert (stopped["response_ids"][~kept] == strategy.pad_id).all()

@@ -185,3 +185,20 @@ def test_vllm_samples_the_distribution_the_losses_use(engine, trainer_model, tem
     a request's n samples from consecutive seeds, so these sets overlap): full 4.51-4.56 (dof 8), top_p
     0.00004-0.0032 (dof 1), top_k 2.30-2.35 (dof 7); test_sampling's bound, the quantile at 1 - 1e-4."""
     assert_sampling_matches_the_log_probs(engine, temperature, top_p, top_k, model=trainer_model)
+
+
+def test_a_stop_string_ends_a_vllm_response_as_it_ends_a_transformers_one(engine):
+    """Greedy responses with stop strings are the ones without, cut where the text first ends with a stop (the
+    rule tests/test_sampling.py checks for transformers), the stop kept, finish reason `stop`."""
+    import dataclasses
+
+    from tests.test_sampling import assert_cut_at_the_stop
+
+    ids, mask = prompts(engine)
+    plain = engine.generate(ids, mask, GREEDY, 1, with_log_probs=True)
+    first = plain["response_ids"][0][plain["response_mask"][0] > 0].tolist()
+    for stops in [(engine.tokenizer.decode(first[1:2]), "\x00never"), (engine.tokenizer.decode(first[:2]),)]:
+        stopped = engine.generate(ids, mask, dataclasses.replace(GREEDY, stop=stops), 1, with_log_probs=True)
+        assert assert_cut_at_the_stop(engine.tokenizer, plain, stopped, stops) >= 1
+        kept = stopped["response_mask"] > 0
+        assert torch.allclose(stopped["infer_log_probs"][kept], plain["infer_log_probs"][kept], atol=1e-5)

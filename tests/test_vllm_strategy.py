@@ -31,6 +31,11 @@ def test_sampling_parameters_for_sampling():
         "temperature": 0.7, "top_p": 0.9, "top_k": -1, "seed": 3,
     }
     assert sampling_kwargs(GeneratingArgs(top_k=20), 1, [2])["top_k"] == 20
+    # stop strings are matched on text, so vLLM detokenizes for them
+    stopping = sampling_kwargs(GeneratingArgs(stop=("</python>",)), 1, [2])
+    assert (stopping["stop"], stopping["detokenize"], stopping["include_stop_str_in_output"]) == (
+        ["</python>"], True, True
+    )
 
 
 def test_greedy_is_temperature_zero_whatever_the_sampling_fields_say():

@@ -68,10 +68,16 @@ class GeneratingArgs:
     """0 disables top-k."""
     do_sample: bool = True
     """False is greedy decoding (temperature, top_p and top_k are then ignored)."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a response where its text first ends with one of them (kept in the response, finish
+    reason `stop`), as an end-of-sequence token does; a multi-turn rollout ends a turn at its tool call's closing
+    tag this way."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
         if self.max_new_tokens < 1:
             yield "max_new_tokens", "must be >= 1"
+        if not all(isinstance(s, str) and s for s in self.stop):
+            yield "stop", f"must be a list of non-empty strings, got {list(self.stop)!r}"
         if self.do_sample and self.temperature <= 0:
             yield "temperature", "must be > 0 when do_sample is true (set do_sample: false for greedy)"
         if not 0 < self.top_p <= 1:

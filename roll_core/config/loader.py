@@ -173,6 +173,14 @@ def _as_float(value: Any) -> Any:
     return value
 
 
+def _as_tuple(value: Any) -> Any:
+    """A YAML list for a tuple of strings (generation's `stop`), or one string as a list of one; anything else is
+    left to dacite to report."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
+
+
 #: Keys of a rewards.<domain> block that were renamed: the old name is still read, with a FutureWarning.
 RENAMED_REWARD_KEYS = {"num_threads": "num_processes"}
 
@@ -218,7 +226,7 @@ def from_dict(data: Mapping[str, Any], checks: Sequence[Check] = ()) -> Pipeline
         raise ConfigError("\n".join(unknown))
     try:
         cfg = dacite.from_dict(
-            PipelineConfig, dict(data), config=dacite.Config(strict=True, type_hooks={float: _as_float})
+            PipelineConfig, dict(data), config=dacite.Config(strict=True, type_hooks={float: _as_float, tuple[str, ...]: _as_tuple})
         )
     except dacite.DaciteError as exc:
         raise ConfigError(_dacite_message(exc)) from None

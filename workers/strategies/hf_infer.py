@@ -96,6 +96,41 @@ class _AbortedRows(StoppingCriteria):
         )
 
 
+class _StopStrings(StoppingCriteria):
+    """Ends a row at the first step its generated text ends with one of `stops` (GeneratingArgs.stop) and records
+    its response length then (`ends`). Only the last tokens are decoded: enough of them for the longest stop,
+    every token being at least one character."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...], prompt_length: int) -> None:
+        self.tokenizer, self.stops, self.prompt_length = tokenizer, stops, prompt_length
+        self.window = max(len(stop) for stop in stops) + 2
+        self.ends: dict[int, int] = {}
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        length = input_ids.shape[1] - self.prompt_length
+        for row in range(input_ids.shape[0]):
+            if row not in self.ends:
+                tail = self.tokenizer.decode(input_ids[row, -min(self.window, length) :].tolist())
+                if any(tail.endswith(stop) for stop in self.stops):
+                    self.ends[row] = length
+        return torch.tensor(
+            [row in self.ends for row in range(input_ids.shape[0])], dtype=torch.bool, device=input_ids.device
+        )
+
+
+def cut_at_stops(
+    responses: torch.Tensor, mask: torch.Tensor, finish: list[str], ends: list[int | None], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Rows that met a stop string end there (`ends`: a row's response length at its stop, None where it met
+    none): the tokens after it are padding, out of the mask, and the row's finish reason is `stop`."""
+    positions = torch.arange(responses.shape[1]).unsqueeze(0)
+    limit = torch.tensor([responses.shape[1] if end is None else end for end in ends]).unsqueeze(1)
+    after = positions >= limit
+    responses = torch.where(after, torch.full_like(responses, pad_id), responses)
+    finish = [reason if end is None else "stop" for reason, end in zip(finish, ends, strict=True)]
+    return responses, mask * (~after).float(), finish
+
+
 class HFInferStrategy:
     """A transformers model on this worker's device (workers/devices.py): prompts go there, results come back
     on the CPU."""
@@ -157,24 +192,28 @@ class HFInferStrategy:
         if seed is not None:
             torch.manual_seed(seed)
         prompts_per_call = max(1, self.config.infer_batch_size // num_return_sequences)
-        outs, log_probs = [], []
+        outs, log_probs, ends = [], [], []
         for start in range(0, prompt_ids.shape[0], prompts_per_call):
             ids = prompt_ids[start : start + prompts_per_call].to(self.device)
             mask = prompt_mask[start : start + prompts_per_call].to(self.device)
-            stopping = None
+            stopping = StoppingCriteriaList()
             if is_aborted is not None:
-                stopping = StoppingCriteriaList([_AbortedRows(is_aborted, start, num_return_sequences)])
+                stopping.append(_AbortedRows(is_aborted, start, num_return_sequences))
+            stops = _StopStrings(self.tokenizer, args.stop, ids.shape[1]) if args.stop else None
+            if stops is not None:
+                stopping.append(stops)
             out = generate_sharing_prefill(
                 self.model,
                 ids,
                 mask,
                 gen_cfg,
-                stopping_criteria=stopping,
+                stopping_criteria=stopping or None,
                 return_dict_in_generate=True,
                 output_scores=with_log_probs,
             )
             responses = out.sequences[:, ids.shape[1] :]
             outs.append(responses.cpu())
+            ends += [None if stops is None else stops.ends.get(row) for row in range(responses.shape[0])]
             if with_log_probs:
                 log_probs.append(sampled_log_probs(out.scores, responses).cpu())
         width = max(o.shape[1] for o in outs)
@@ -182,6 +221,8 @@ class HFInferStrategy:
             [torch.nn.functional.pad(o, (0, width - o.shape[1]), value=self.pad_id) for o in outs]
         )
         responses, response_mask, finish = truncate_at_eos(responses, self.eos_ids, self.pad_id)
+        if args.stop:
+            responses, response_mask, finish = cut_at_stops(responses, response_mask, finish, ends, self.pad_id)
         result = {"response_ids": responses, "response_mask": response_mask, "finish_reason": finish}
         # Forward passes of the decode loop, over the calls (each runs to its longest row): the work done, as
         # benchmarks compare it with another trainer's.

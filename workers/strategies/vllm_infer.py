@@ -81,7 +81,8 @@ def sampling_kwargs(
     """Keyword arguments of vllm.SamplingParams for `args`, `n` responses per prompt.
 
     Greedy decoding is temperature 0 in vLLM; top_k 0 (off) in our config is -1 there. The end-of-sequence ids
-    stop generation and stay in the output, as with transformers, so the response mask covers them."""
+    and the stop strings stop generation and stay in the output, as with transformers, so the response mask covers
+    them."""
     kwargs: dict[str, Any] = {
         "n": n,
         "max_tokens": args.max_new_tokens,
@@ -94,6 +95,9 @@ def sampling_kwargs(
         kwargs |= {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k or -1}
     else:
         kwargs |= {"temperature": 0.0, "top_p": 1.0, "top_k": -1}
+    if args.stop:
+        # stop strings are matched on the text: vLLM must detokenize for them (the token ids stay as sampled)
+        kwargs |= {"stop": list(args.stop), "detokenize": True}
     if seed is not None:
         kwargs["seed"] = seed
     if with_log_probs:
