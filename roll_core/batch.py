@@ -16,7 +16,11 @@ TENSOR_KEYS: dict[str, str] = {
     "prompt_ids": "(B, P) long, left-padded prompt token ids",
     "prompt_mask": "(B, P) long, 1 on prompt tokens",
     "response_ids": "(B, R) long, right-padded response token ids",
-    "response_mask": "(B, R) float, 1 on response tokens up to and including the end-of-sequence token",
+    "response_mask": "(B, R) float, 1 on the response tokens the model sampled, up to and including the end-of-sequence"
+    " token",
+    "tool_mask": "(B, R) float, 1 on the response tokens a tool wrote (a multi-turn trajectory's tool outputs): in"
+    " the sequence the model reads, never in the loss, the KL or the importance weights (response_mask is 0 there);"
+    " absent: none",
     "group_ids": "(B,) long, the index of the prompt a response belongs to (its GRPO group)",
     "scores": "(B,) float, the reward worker's score for each response",
     "in_loss": "(B,) float, 1 in the loss; 0 where the reward is masked, or a filter or shaping left it out",
@@ -41,6 +45,11 @@ META_KEYS: dict[str, str] = {
     "mask_reason": "why the reward could not be computed (roll_core.rewards.scored.MASK_REASONS); None when scored",
     "finish_reason": "'stop' when the response ended with end-of-sequence, 'length' when truncated",
 }
+
+
+#: Tensor keys a batch leaves out where they would be all zeros (a single-turn response has no tool tokens), with
+#: the key whose shape they take: Batch.concat fills them in where the batches it joins disagree.
+ZERO_WHEN_ABSENT = {"tool_mask": "response_mask"}
 
 
 def _check_keys(keys: Iterable[str], declared: dict[str, str], kind: str) -> None:
@@ -113,6 +122,9 @@ class Batch:
         batches = [b for b in batches if len(b)]
         if not batches:
             return Batch()
+        for key, like in ZERO_WHEN_ABSENT.items():
+            if any(key in b.tensors for b in batches):
+                batches = [b if key in b.tensors else b.update({key: torch.zeros_like(b[like])}) for b in batches]
         tensor_keys, meta_keys = set(batches[0].tensors), set(batches[0].meta)
         for b in batches[1:]:
             if set(b.tensors) != tensor_keys or set(b.meta) != meta_keys:
@@ -123,6 +135,12 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))
+
+
+def sequence_mask(batch: Batch) -> torch.Tensor:
+    """(B, R): the response tokens in the sequence the model reads: those it sampled and those a tool wrote."""
+    mask = batch["response_mask"]
+    return mask + batch["tool_mask"] if "tool_mask" in batch.tensors else mask
 
 
 def loss_mask(batch: Batch) -> torch.Tensor:

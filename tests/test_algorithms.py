@@ -59,6 +59,11 @@ def test_place_at_last_token():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.float)
     out = place_at_last_token(torch.tensor([2.0, 3.0, 4.0]), mask)
     assert out.tolist() == [[0, 2, 0], [0, 0, 3], [0, 0, 0]]
+    # a multi-turn response: holes where a tool wrote; the reward goes to the last token the model sampled
+    holes = torch.tensor([[1, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 1, 0]], dtype=torch.float)
+    out = place_at_last_token(torch.tensor([2.0, 3.0, 4.0]), holes)
+    assert out.tolist() == [[0, 0, 0, 0, 2, 0], [0, 3, 0, 0, 0, 0], [0, 0, 0, 0, 4, 0]]
+    assert place_at_last_token(torch.tensor([1.0]), torch.zeros(1, 0)).shape == (1, 0)
 
 
 # ------------------------------------------------------------------------------------------- advantages: golden

@@ -88,3 +88,20 @@ def test_loss_mask_is_the_response_mask_of_the_samples_in_the_loss():
 
     b = Batch({"response_mask": torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]), "in_loss": torch.tensor([1.0, 0.0])})
     assert loss_mask(b).tolist() == [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_a_missing_tool_mask_is_all_zeros_when_batches_are_joined():
+    from roll_core.batch import sequence_mask
+
+    single = Batch({"response_mask": torch.tensor([[1.0, 1.0, 0.0]])})
+    multi = Batch({"response_mask": torch.tensor([[1.0, 0.0, 0.0, 1.0]]), "tool_mask": torch.tensor([[0.0, 1.0, 1.0, 0.0]])})
+    for parts, expected in [
+        ([single, multi], [[0, 0, 0, 0], [0, 1, 1, 0]]),
+        ([multi, single, single], [[0, 1, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0]]),
+    ]:
+        joined = Batch.concat(parts)
+        assert joined["tool_mask"].tolist() == expected
+    assert "tool_mask" not in Batch.concat([single, single]).tensors  # nobody has one: none is made
+    assert sequence_mask(multi).tolist() == [[1, 1, 1, 1]] and sequence_mask(single).tolist() == [[1, 1, 0]]
+    with pytest.raises(KeyError, match="different keys"):  # the fill is for tool_mask only
+        Batch.concat([single, multi.update({"advantages": torch.zeros(1, 4)})])

@@ -13,12 +13,16 @@ from roll_core.registry import register_advantage
 
 
 def place_at_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) scores -> (B, R) rewards that are zero except at each response's last valid token."""
+    """(B,) scores -> (B, R) rewards that are zero except at each response's last valid token (the last the model
+    sampled: a multi-turn response's mask has holes where tools wrote)."""
     rewards = torch.zeros_like(response_mask, dtype=scores.dtype)
-    lengths = response_mask.sum(1).long()
-    has_tokens = lengths > 0
+    if response_mask.shape[1] == 0:
+        return rewards
+    positions = torch.arange(response_mask.shape[1]).expand_as(response_mask)
+    last = torch.where(response_mask > 0, positions, -1).max(1).values
+    has_tokens = last >= 0
     rows = torch.arange(len(scores))[has_tokens]
-    rewards[rows, lengths[has_tokens] - 1] = scores[has_tokens]
+    rewards[rows, last[has_tokens]] = scores[has_tokens]
     return rewards
 
 

@@ -6,7 +6,7 @@ import inspect
 
 import torch
 
-from roll_core.batch import Batch
+from roll_core.batch import Batch, sequence_mask
 from roll_core.models.sampling import SamplingDistribution
 
 
@@ -17,7 +17,7 @@ def concat_prompt_response(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, to
     generation.
     """
     input_ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"].long(), batch["response_mask"].long()], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"].long(), sequence_mask(batch).long()], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids, attention_mask, position_ids
 
@@ -87,7 +87,7 @@ def response_logits_sharing_prompts(
         return first
     cache = out.past_key_values
     cache.batch_select_indices(inverse)
-    mask = torch.cat([batch["prompt_mask"].long(), batch["response_mask"].long()], dim=1)
+    mask = torch.cat([batch["prompt_mask"].long(), sequence_mask(batch).long()], dim=1)
     width = prompt_ids.shape[1]
     rest = model(
         input_ids=response_ids[:, :-1],

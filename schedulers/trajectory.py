@@ -1,0 +1,96 @@
+"""A multi-turn response as token ids: the model's turns and the tools' outputs, in the order they happened.
+
+Token ids in, token ids out: a turn's tokens are kept exactly as the engine sampled them (with their log-probs), a
+tool's output is encoded once when it is appended, and nothing is ever decoded and encoded again. The rows a
+trajectory becomes keep the two kinds apart: `response_mask` is 1 on the tokens the model sampled (the loss, the
+KL, the importance weights and the sampling-distribution rule cover those only), `tool_mask` is 1 on the tokens a
+tool wrote (in the sequence the model reads, so the trainer's forward attends to them, never in the loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from roll_core.environment import EnvStep
+
+
+def plain_tool_message(observation: str) -> str:
+    """The tool's answer in the plain format (models without a tools chat template; workers/environments/
+    tool_calls.py): it follows the call's closing tag, and the model goes on after it."""
+    return f"\n<output>\n{observation}\n</output>\n"
+
+
+@dataclass
+class Trajectory:
+    """One response being built, turn by turn, for one prompt."""
+
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    from_tool: list[bool] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """The trajectory as chat messages (assistant turns and tool answers), for the reward worker and the logs."""
+    finish: str = "length"
+    """The last turn's finish reason (`stop` or `length`); `length` also when the token budget ended it."""
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_s: float = 0.0
+
+    def context(self) -> list[int]:
+        """What the model reads before its next turn: the prompt and everything so far."""
+        return self.prompt + self.tokens
+
+    def add_turn(self, ids: list[int], log_probs: list[float] | None, text: str, finish: str) -> None:
+        """A model turn, its tokens as sampled (and their log-probs under the sampling distribution)."""
+        self.tokens += ids
+        self.from_tool += [False] * len(ids)
+        self.log_probs += list(log_probs) if log_probs is not None else [0.0] * len(ids)
+        self.messages.append({"role": "assistant", "content": text})
+        self.finish = finish
+        self.turns += 1
+
+    def add_tool(self, ids: list[int], text: str, step: EnvStep) -> None:
+        """A tool's answer, as the tokens the model will read (out of the loss)."""
+        self.tokens += ids
+        self.from_tool += [True] * len(ids)
+        self.log_probs += [0.0] * len(ids)
+        self.messages.append({"role": "tool", "content": text})
+        self.tool_calls += step.tool_calls
+        self.tool_errors += step.tool_errors
+        self.tool_s += step.tool_s
+
+    def final_answer(self) -> str:
+        """The text of the last model turn: what the domain's reward judges."""
+        turns = [m["content"] for m in self.messages if m["role"] == "assistant"]
+        return turns[-1] if turns else ""
+
+
+def trajectory_rows(trajectories: list[Trajectory], pad_id: int, with_log_probs: bool) -> dict[str, Any]:
+    """Trajectories as one generation output (right-padded rows, as actor_infer returns them): response_ids,
+    response_mask (the model's tokens), tool_mask (the tools'), finish_reason, and infer_log_probs when asked."""
+    width = max((len(t.tokens) for t in trajectories), default=0) or 1
+    shape = (len(trajectories), width)
+    ids = torch.full(shape, pad_id, dtype=torch.long)
+    model_mask, tool_mask, log_probs = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
+    for row, t in enumerate(trajectories):
+        n = len(t.tokens)
+        if not n:
+            continue
+        ids[row, :n] = torch.tensor(t.tokens, dtype=torch.long)
+        tool = torch.tensor(t.from_tool, dtype=torch.bool)
+        model_mask[row, :n] = (~tool).float()
+        tool_mask[row, :n] = tool.float()
+        log_probs[row, :n] = torch.tensor(t.log_probs, dtype=torch.float32) * (~tool).float()
+    out = {
+        "response_ids": ids,
+        "response_mask": model_mask,
+        "tool_mask": tool_mask,
+        "finish_reason": [t.finish for t in trajectories],
+    }
+    if with_log_probs:
+        out["infer_log_probs"] = log_probs
+    return out
