@@ -16,11 +16,47 @@ import torch
 
 from roll_core.environment import EnvStep
 
+TOOL_MESSAGES = ("template", "inline")
+
 
 def plain_tool_message(observation: str) -> str:
-    """The tool's answer in the plain format (models without a tools chat template; workers/environments/
-    tool_calls.py): it follows the call's closing tag, and the model goes on after it."""
+    """The tool's answer inline (`tool_message: inline`): it follows the call's closing tag in the same assistant
+    message, and the model goes on after it."""
     return f"\n<output>\n{observation}\n</output>\n"
+
+
+def tool_answer_text(tokenizer: Any, observation: str, mode: str) -> str:
+    """The text that follows a model turn ending in a tool call, up to where the model goes on.
+
+    `template`: the chat template closes the model's turn, renders the answer as a `tool` message, and opens the
+    next assistant turn (ChatML templates, the embedded models' and SmolLM2's, write `<|im_start|>tool`; Qwen2.5's
+    a `<tool_response>` in a user turn): the text between a placeholder assistant message and the end of the
+    rendered conversation. `inline`: plain_tool_message."""
+    if mode == "inline":
+        return plain_tool_message(observation)
+    marker = "\x00turn\x00"
+    chat = [{"role": "user", "content": "\x00question\x00"}, {"role": "assistant", "content": marker}]
+    text = tokenizer.apply_chat_template(
+        [*chat, {"role": "tool", "content": observation}], add_generation_prompt=True, tokenize=False
+    )
+    at = text.find(marker)
+    if at < 0 or observation not in text[at:]:
+        raise ValueError(
+            "the model's chat template does not render a tool message after an assistant turn; set the rollout's "
+            "tool_message: inline"
+        )
+    return text[at + len(marker) :]
+
+
+def tool_answer_ids(tokenizer: Any, observation: str, mode: str, max_tokens: int) -> tuple[list[int], str]:
+    """The token ids of a tool's answer (tool_answer_text), the observation cut to `max_tokens` tokens first
+    (saying so), and the text they encode. Encoded once, never decoded and encoded again with the model's
+    tokens around it."""
+    ids = tokenizer.encode(observation, add_special_tokens=False)
+    if len(ids) > max_tokens:
+        observation = tokenizer.decode(ids[:max_tokens]) + f"\n[cut at {max_tokens} tokens]"
+    text = tool_answer_text(tokenizer, observation, mode)
+    return tokenizer.encode(text, add_special_tokens=False), text
 
 
 @dataclass

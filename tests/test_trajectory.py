@@ -96,3 +96,40 @@ def test_the_trainers_log_probs_of_a_multi_turn_response_equal_the_generators(st
                               sampling)
     after_a_tool = model_tokens & (rows["tool_mask"].cumsum(1) > 0)
     assert float((blind - rows["infer_log_probs"]).abs()[after_a_tool].max()) > 1e-2
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2", "smollm2-135m-instruct"])
+def test_a_tool_answer_closes_the_turn_and_opens_the_next_through_the_chat_template(model):
+    from transformers import AutoTokenizer
+
+    from schedulers.trajectory import tool_answer_ids, tool_answer_text
+
+    tokenizer = AutoTokenizer.from_pretrained(EXAMPLES / "models" / model)
+    text = tool_answer_text(tokenizer, "56088", "template")
+    assert text == "<|im_end|>\n<|im_start|>tool\n56088<|im_end|>\n<|im_start|>assistant\n"
+    # the whole conversation renders as the turns and the answer put together
+    chat = [{"role": "user", "content": "123 * 456?"}, {"role": "assistant", "content": "<python>print(123 * 456)</python>"}]
+    start = tokenizer.apply_chat_template(chat[:1], add_generation_prompt=True, tokenize=False)
+    whole = tokenizer.apply_chat_template(
+        [*chat, {"role": "tool", "content": "56088"}], add_generation_prompt=True, tokenize=False
+    )
+    assert start + chat[1]["content"] + text == whole
+    assert tool_answer_text(tokenizer, "56088", "inline") == "\n<output>\n56088\n</output>\n"
+    ids, shown = tool_answer_ids(tokenizer, "x" * 4000, "template", max_tokens=8)
+    assert shown.endswith("\n[cut at 8 tokens]<|im_end|>\n<|im_start|>assistant\n")
+    frame = tokenizer.encode(tool_answer_text(tokenizer, "\n[cut at 8 tokens]", "template"), add_special_tokens=False)
+    assert len(ids) <= 8 + len(frame) + 1  # the first 8 tokens of the output, the note and the template
+    assert tokenizer.decode(ids) == shown
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert ids[0] == im_end  # the template's own token, not its characters
+
+
+def test_a_template_without_tool_messages_is_an_error_that_says_what_to_do():
+    from schedulers.trajectory import tool_answer_text
+
+    class NoTools:
+        def apply_chat_template(self, messages, **kwargs):
+            return "".join(m["content"] for m in messages if m["role"] != "tool")
+
+    with pytest.raises(ValueError, match="set the rollout's tool_message: inline"):
+        tool_answer_text(NoTools(), "7", "template")
