@@ -99,11 +99,15 @@ class RewardClient:
 
     async def score(self, rows: list[dict[str, Any]], texts: list[str], stats: Any) -> list[ScoredSample]:
         """One result per (row, response text). Identical responses to the same prompt are scored once (policies
-        often repeat themselves, and a code sample costs a sandbox run); every copy gets the same result. Only
+        often repeat themselves, and a code sample costs a sandbox run); every copy gets the same result. A
+        multi-turn response is identical only with its whole trajectory (the row's `trajectory` column). Only
         those first copies are built into samples: the reward contract gives the scorer every column of the row
         (reward_sample), and a group's responses share one row. Counted in stats.scored_unique/scored_total."""
-        keys = [(str(row.get("id", row.get("_source"))), text) for row, text in zip(rows, texts, strict=True)]
-        unique: dict[tuple[str, str], int] = {}
+        keys = [
+            (str(row.get("id", row.get("_source"))), text, repr(row.get("trajectory")))
+            for row, text in zip(rows, texts, strict=True)
+        ]
+        unique: dict[tuple[str, str, str], int] = {}
         firsts: list[dict[str, Any]] = []
         for key, row, text in zip(keys, rows, texts, strict=True):
             if key not in unique:

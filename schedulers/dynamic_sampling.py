@@ -39,7 +39,7 @@ from roll_core.config import GeneratingArgs, PipelineConfig
 from schedulers.clients import InferClient, RewardClient
 from schedulers.draws import PromptSampler
 from schedulers.ledger import DifficultyLedger
-from schedulers.rollout import ROLLOUTS
+from schedulers.multi_turn import ROLLOUTS  # the multi-turn kind registers beside the single-turn one
 from schedulers.step import FillStep, SamplingBoundError, StepOutcome, StepStats
 from schedulers.step_metrics import step_metrics
 from workers.rewards.combine import Component
@@ -103,12 +103,13 @@ class DynamicSamplingScheduler:
             if ledger.enabled
             else None
         )
-        self.rollout = ROLLOUTS.get(reward_cfg.rollout)(
+        self.rollout = ROLLOUTS.get(reward_cfg.rollout.type)(
             domain=domain, rows=rows, prompt_ids=prompt_ids, tokenizer=load_tokenizer(cfg.actor_infer.model_args),
             infer=self.infer, rewards=self.rewards, sampler=self.sampler, ledger=self.ledger,
             response_filters={k: dict(v or {}) for k, v in reward_cfg.response_filters.items()},
             group_filters=self.group_filters, wave_requests=self.wave_requests,
             infer_batch_size=cfg.actor_infer.infer_batch_size, seed=cfg.seed, deterministic=cfg.deterministic,
+            config=reward_cfg.rollout,
         )
 
     # ------------------------------------------------------------------------------------------- a step

@@ -25,6 +25,7 @@ import torch
 
 from roll_core.batch import Batch
 from roll_core.config import GeneratingArgs
+from roll_core.config.rewards import RolloutConfig
 from roll_core.registry import ROLLOUTS
 from roll_core.rewards.scored import ScoredSample
 from schedulers.clients import InferClient, RewardClient
@@ -71,8 +72,10 @@ class SingleTurnRollout:
         self, *, domain: str, rows: list[dict[str, Any]], prompt_ids: list[list[int]], tokenizer: Any,
         infer: InferClient, rewards: RewardClient, sampler: PromptSampler, ledger: DifficultyLedger | None,
         response_filters: dict[str, dict], group_filters: dict[str, dict], wave_requests: bool,
-        infer_batch_size: int, seed: int, deterministic: bool,
+        infer_batch_size: int, seed: int, deterministic: bool, config: RolloutConfig | None = None,
     ) -> None:
+        self.config = config or RolloutConfig()
+        """rewards.<domain>.rollout (its multi-turn keys are a multi-turn kind's)."""
         self.domain, self.rows, self.prompt_ids, self.tokenizer = domain, rows, prompt_ids, tokenizer
         self.infer, self.rewards, self.sampler, self.ledger = infer, rewards, sampler, ledger
         self.response_filters, self.group_filters = response_filters, group_filters
@@ -106,8 +109,17 @@ class SingleTurnRollout:
         return Request(f"{self.domain}/{call}/{first}", self.infer.next_worker(), draws, seed, time.perf_counter())
 
     async def generate(self, request: Request, args: GeneratingArgs, group_size: int, stats: Any) -> dict | None:
+        rows = [self.rows[index] for index, _ in request.draws]
         prompts = [self.prompt_ids[index] for index, _ in request.draws]
-        return await self.infer.generate(request.worker, request.id, prompts, args, group_size, request.seed, stats)
+        return await self.sample(request.worker, request.id, rows, prompts, args, group_size, request.seed, stats)
+
+    async def sample(
+        self, worker: int, request_id: str, rows: list[dict[str, Any]], prompts: list[list[int]],
+        args: GeneratingArgs, n: int, seed: int | None, stats: Any,
+    ) -> dict | None:
+        """`n` responses to each of `prompts` (the data `rows` they come from), rows grouped by prompt, as
+        actor_infer returns them; None if aborted. One generation request."""
+        return await self.infer.generate(worker, request_id, prompts, args, n, seed, stats)
 
     async def abort(self, requests: list[Request]) -> None:
         await self.infer.abort([(r.worker, r.id) for r in requests])
@@ -115,7 +127,8 @@ class SingleTurnRollout:
     async def score(self, index: int, order: int, output: dict[str, Any], started: float, stats: Any) -> Group:
         t1 = time.perf_counter()
         texts = self.decode(output)
-        results = await self.rewards.score([self.rows[index]] * len(texts), texts, stats)
+        results = await self.rewards.score(self.reward_rows(self.rows[index], output), texts, stats)
+        results = self.checked(output, results)
         return Group(index, order, output, texts, results, generate_s=t1 - started, reward_s=time.perf_counter() - t1)
 
     def filter(self, group: Group) -> Group:
@@ -142,18 +155,31 @@ class SingleTurnRollout:
         responses each, scored, one batch per prompt; no filters (every response is in)."""
         seed = request_seed(self.seed, self.domain, call, f"val{start}") if self.deterministic else None
         request_id = f"{self.domain}/val{call}/{start}"
-        output = await self.infer.generate(
-            self.infer.next_worker(), request_id, prompt_ids, args, num_samples, seed, stats
+        output = await self.sample(
+            self.infer.next_worker(), request_id, rows, prompt_ids, args, num_samples, seed, stats
         )
-        texts = self.decode(output)
-        results = await self.rewards.score([row for row in rows for _ in range(num_samples)], texts, stats)
-        kept = {key: output[key] for key in ("response_ids", "response_mask", "finish_reason")}
-        whole = {**kept, "texts": texts, "results": results}
-        parts = [prompt_rows(whole, k, num_samples) for k in range(len(rows))]
+        kept = {key: value for key, value in output.items() if key != "infer_log_probs"}
+        parts = [prompt_rows(kept, k, num_samples) for k in range(len(rows))]
+        texts = [self.decode(part) for part in parts]
+        scored_rows = [r for row, part in zip(rows, parts, strict=True) for r in self.reward_rows(row, part)]
+        results = await self.rewards.score(scored_rows, [t for group in texts for t in group], stats)
+        results = self.checked(kept, results)
         return [
-            group_batch(self.domain, row, ids, part, part["texts"], part["results"], [False] * num_samples)
-            for row, ids, part in zip(rows, prompt_ids, parts, strict=True)
+            group_batch(
+                self.domain, row, ids, part, texts[k], results[k * num_samples : (k + 1) * num_samples],
+                [False] * num_samples,
+            )
+            for k, (row, ids, part) in enumerate(zip(rows, prompt_ids, parts, strict=True))
         ]
+
+    def reward_rows(self, row: dict[str, Any], output: dict[str, Any]) -> list[dict[str, Any]]:
+        """The data row each response of one prompt's group is scored with (all the same one here)."""
+        return [row] * len(output["finish_reason"])
+
+    def checked(self, output: dict[str, Any], results: list[ScoredSample]) -> list[ScoredSample]:
+        """The judgements of an output's responses, with what the generation itself says overriding them (nothing
+        here; a multi-turn response whose environment failed is masked)."""
+        return results
 
     def decode(self, output: dict[str, Any]) -> list[str]:
         ids, mask = output["response_ids"], output["response_mask"]
@@ -183,7 +209,7 @@ def group_batch(
             "response_mask": output["response_mask"],
             "scores": scores,
             "in_loss": in_loss,
-            **({"infer_log_probs": output["infer_log_probs"]} if "infer_log_probs" in output else {}),
+            **{key: output[key] for key in ("infer_log_probs", "tool_mask") if key in output},
         },
         {
             "id": [row.get("id", row.get("_source"))] * n,

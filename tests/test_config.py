@@ -214,9 +214,35 @@ def test_the_core_loader_checks_no_registered_names_and_the_driver_does(tmp_path
 
 
 def test_a_domain_chooses_its_rollout_by_a_registered_name(tmp_path):
-    assert load(tmp_path, BASE).config.rewards["math"].rollout == "single_turn"
+    assert load(tmp_path, BASE).config.rewards["math"].rollout.type == "single_turn"
     message = error_of(tmp_path, BASE, ["rewards.math.rollout=multi_turnn"])
-    assert "rewards.math.rollout: must be one of ['single_turn'], got 'multi_turnn'" in message
+    assert "rewards.math.rollout: must be one of ['multi_turn', 'single_turn'], got 'multi_turnn'" in message
+    message = error_of(tmp_path, BASE, ["rewards.math.rollout={type: multi_turnn}"])  # the same, as a mapping
+    assert "rewards.math.rollout: must be one of ['multi_turn', 'single_turn'], got 'multi_turnn'" in message
+
+
+def test_a_multi_turn_rollout_checks_its_environment_and_its_limits(tmp_path):
+    rollout = load(tmp_path, BASE, ["rewards.math.rollout={type: multi_turn, max_turns: 3}"]).config.rewards[
+        "math"
+    ].rollout
+    assert (rollout.type, rollout.max_turns, rollout.environment, rollout.stop) == (
+        "multi_turn", 3, "python", ["</python>"]
+    )
+    message = error_of(tmp_path, BASE, [
+        "rewards.math.rollout={type: multi_turn, environment: pyton, max_turns: 0, max_tool_output_tokens: 0}"
+    ])
+    assert "rewards.math.rollout.max_turns: must be >= 1" in message
+    assert "rewards.math.rollout.max_tool_output_tokens: must be >= 1" in message
+    message = error_of(tmp_path, BASE, ["rewards.math.rollout={type: multi_turn, environment: pyton}"])
+    assert "rewards.math.rollout.environment: unknown environment 'pyton'; available: python" in message
+    message = error_of(tmp_path, BASE, [
+        "rewards.math.rollout={type: multi_turn, environment_options: {timeout: 3}}"
+    ])
+    assert "rewards.math.rollout.environment_options: PythonToolEnvironment: unknown option(s) ['timeout']" in message
+    message = error_of(tmp_path, BASE, ["rewards.math.rollout={type: multi_turn, stop: []}"])
+    assert "rewards.math.rollout.stop: must be a list of non-empty strings, got []" in message
+    message = error_of(tmp_path, BASE, ["rewards.math.rollout={type: multi_turn, tool_message: chat}"])
+    assert "rollout.tool_message: expected one of ['template', 'inline'], got 'chat'" in message
 
 
 def test_references_keep_types_and_embed_in_strings():

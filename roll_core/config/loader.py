@@ -25,6 +25,7 @@ import yaml
 
 from roll_core.config.errors import ConfigError
 from roll_core.config.pipeline import PipelineConfig
+from roll_core.config.rewards import RolloutConfig
 from roll_core.config.shares import domain_shares
 
 _REF = re.compile(r"\$\{([A-Za-z0-9_.\-]+)\}")
@@ -181,6 +182,11 @@ def _as_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
+def _as_rollout(value: Any) -> Any:
+    """`rewards.<domain>.rollout: NAME` is `{type: NAME}`."""
+    return {"type": value} if isinstance(value, str) else value
+
+
 #: Keys of a rewards.<domain> block that were renamed: the old name is still read, with a FutureWarning.
 RENAMED_REWARD_KEYS = {"num_threads": "num_processes"}
 
@@ -226,7 +232,7 @@ def from_dict(data: Mapping[str, Any], checks: Sequence[Check] = ()) -> Pipeline
         raise ConfigError("\n".join(unknown))
     try:
         cfg = dacite.from_dict(
-            PipelineConfig, dict(data), config=dacite.Config(strict=True, type_hooks={float: _as_float, tuple[str, ...]: _as_tuple})
+            PipelineConfig, dict(data), config=dacite.Config(strict=True, type_hooks={float: _as_float, tuple[str, ...]: _as_tuple, RolloutConfig: _as_rollout})
         )
     except dacite.DaciteError as exc:
         raise ConfigError(_dacite_message(exc)) from None

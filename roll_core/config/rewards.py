@@ -16,6 +16,45 @@ COMPONENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """How a domain's groups are made (`rewards.<domain>.rollout`): a name, or a mapping with `type` and the
+    multi-turn keys. `single_turn`: one generation per response, scored once. `multi_turn`: the model and an
+    environment take turns (docs/environments.md): a turn ends at a tool call or at the end of the answer, the
+    environment's answer goes back as a tool message, up to `max_turns` model turns; the reward worker scores the
+    final answer with the whole trajectory in its sample (the `trajectory` column)."""
+
+    type: str = "single_turn"
+    """A registered rollout kind (schedulers/rollout.py's ROLLOUTS): `single_turn` or `multi_turn`."""
+    max_turns: int = 4
+    """multi_turn: model turns per trajectory at most (the last one is the answer, whatever it holds)."""
+    environment: str = "python"
+    """multi_turn: the environment (`roll env list`, or a `package.module:Class` path)."""
+    environment_options: dict[str, Any] = field(default_factory=dict)
+    """multi_turn: keyword options of the environment (the python tool's: call_format, timeout_s, ...)."""
+    stop: list[str] = field(default_factory=lambda: ["</python>"])
+    """multi_turn: the strings that end a turn at a tool call (the call format's closing tag: `</python>`, or
+    `</tool_call>` for call_format hermes)."""
+    tool_message: Literal["template", "inline"] = "template"
+    """multi_turn: how a tool's answer reaches the model: `template`, a tool message of the model's chat template
+    (the turn is closed, the next assistant turn opened); `inline`, `<output>...</output>` in the same message."""
+    max_tool_output_tokens: int = 256
+    """multi_turn: a tool answer is cut at this many tokens (the model reads no more of it)."""
+    max_total_tokens: int | None = None
+    """multi_turn: a trajectory's response tokens at most, the model's and the tools' together (None:
+    max_new_tokens times max_turns); a turn may generate what is left of it, at most max_new_tokens."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if self.max_turns < 1:
+            yield "max_turns", "must be >= 1"
+        if self.max_tool_output_tokens < 1:
+            yield "max_tool_output_tokens", "must be >= 1"
+        if self.max_total_tokens is not None and self.max_total_tokens < 1:
+            yield "max_total_tokens", "must be >= 1 (or null)"
+        if not self.stop or not all(isinstance(s, str) and s for s in self.stop):
+            yield "stop", f"must be a list of non-empty strings, got {self.stop!r}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class RewardComponentConfig:
     """One of several rewards of a domain (`rewards.<domain>.workers`): its scorer, its weight in the domain's
     reward, and what its masking does to the sample. Unset resources are the domain's."""
@@ -96,9 +135,9 @@ class RewardConfig:
     """Dynamic sampling: named group filters (schedulers/filters.py) with their parameters, applied in order; a
     dropped group's slot goes to a fresh prompt. `{std_filter: {}}` is DAPO's rule (drop groups whose rewards
     are all equal); `{mean_filter: {low: 0.1, high: 0.9}}` drops too-easy and too-hard prompts."""
-    rollout: str = "single_turn"
-    """How one prompt's group is made (schedulers/rollout.py's ROLLOUTS): `single_turn`, one generation per group
-    scored once."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How one prompt's group is made: `single_turn` (one generation per response, scored once), or
+    `{type: multi_turn, environment: python, max_turns: 4, ...}` (tool calls between turns; RolloutConfig)."""
     max_prompts_factor: float | None = None
     """This domain's redraw bound, overriding dynamic_sampling.max_prompts_factor (e.g. a domain whose groups
     rarely pass its filters may get a lower bound, so redraws do not hold up the step)."""

@@ -2,7 +2,8 @@
 
 The core config (roll_core/config) checks structure and ranges and imports nothing that registers; the names
 it holds (an advantage estimator, a policy loss, a filter, ...) are only known once the modules that register
-them are imported: roll_core/algorithms (torch), schedulers/filters.py and schedulers/rollout.py. `load_run_config` is the driver's
+them are imported: roll_core/algorithms (torch), schedulers/filters.py, schedulers/rollout.py and schedulers/multi_turn.py;
+the environments by workers/environments/registry.py. `load_run_config` is the driver's
 way to load a config: the core loader, with these checks folded into its one error.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from roll_core.config import PipelineConfig, ResolvedConfig, load_config
 
@@ -19,7 +21,7 @@ def name_problems(cfg: PipelineConfig) -> Iterator[tuple[str, str]]:
     needs the config does not meet (an estimator that needs a critic, without a critic section)."""
     from roll_core import algorithms
     from schedulers.filters import GROUP_FILTERS, RESPONSE_FILTERS, check_filters
-    from schedulers.rollout import ROLLOUTS
+    from schedulers.multi_turn import ROLLOUTS
 
     named = [
         ("adv_estimator", algorithms.ADVANTAGES),
@@ -55,12 +57,32 @@ def name_problems(cfg: PipelineConfig) -> Iterator[tuple[str, str]]:
                 f"needs a critic (an estimator that uses one, e.g. gae), got adv_estimator {cfg.adv_estimator!r}",
             )
     for domain, reward in cfg.rewards.items():
-        if reward.rollout not in ROLLOUTS.names():
-            yield f"rewards.{domain}.rollout", f"must be one of {ROLLOUTS.names()}, got {reward.rollout!r}"
+        rollout = reward.rollout
+        if rollout.type not in ROLLOUTS.names():
+            yield f"rewards.{domain}.rollout", f"must be one of {ROLLOUTS.names()}, got {rollout.type!r}"
+        elif ROLLOUTS.traits(rollout.type).get("environment"):
+            for key, message in environment_problems(rollout):
+                yield f"rewards.{domain}.rollout.{key}", message
         for key, message in check_filters(GROUP_FILTERS, reward.group_filters):
             yield f"rewards.{domain}.group_filters.{key}", message
         for key, message in check_filters(RESPONSE_FILTERS, reward.response_filters):
             yield f"rewards.{domain}.response_filters.{key}", message
+
+
+def environment_problems(rollout: Any) -> Iterator[tuple[str, str]]:
+    """A multi-turn rollout's environment must be found and take its options (building one starts nothing: the
+    python tool starts its sandbox at its first call)."""
+    from workers.environments.registry import get_environment_cls
+
+    try:
+        cls = get_environment_cls(rollout.environment)
+    except (ValueError, TypeError) as err:
+        yield "environment", str(err)
+        return
+    try:
+        cls(**rollout.environment_options).close()
+    except (ValueError, TypeError) as err:
+        yield "environment_options", str(err)
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> ResolvedConfig:
