@@ -17,10 +17,11 @@ a ``package.module:Class`` path, or the entry-point group ``roll_pipeline.enviro
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from roll_core.plugins import refuse_unknown_options
 
 
 class EnvironmentUnavailable(RuntimeError):
@@ -48,15 +49,7 @@ class Environment:
     """One trajectory's environment. Subclasses take their options as keyword-only arguments."""
 
     def __init__(self, **options: object) -> None:
-        if options:
-            accepted = sorted(
-                name
-                for name, param in inspect.signature(type(self).__init__).parameters.items()
-                if param.kind is inspect.Parameter.KEYWORD_ONLY
-            )
-            raise TypeError(
-                f"{type(self).__name__}: unknown option(s) {sorted(options)}; accepted options: {accepted or 'none'}"
-            )
+        refuse_unknown_options(self, options)
 
     def reset(self, row: Mapping[str, Any]) -> None:
         """A new trajectory for the data set's `row` (its prompt, ground truth and any fields of its own)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,20 @@ from typing import Generic, TypeVar
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=type)
+
+
+def refuse_unknown_options(obj: object, options: dict[str, object]) -> None:
+    """A plugin's __init__ got `options` it does not take: a TypeError naming them and the accepted ones (the
+    keyword-only arguments of the class's __init__)."""
+    if options:
+        accepted = sorted(
+            name
+            for name, param in inspect.signature(type(obj).__init__).parameters.items()
+            if param.kind is inspect.Parameter.KEYWORD_ONLY
+        )
+        raise TypeError(
+            f"{type(obj).__name__}: unknown option(s) {sorted(options)}; accepted options: {accepted or 'none'}"
+        )
 
 
 def class_path(cls: type) -> str:

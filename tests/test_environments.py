@@ -311,3 +311,21 @@ def test_the_documented_environment_runs_as_the_page_shows(tmp_path, monkeypatch
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     documented = [json.loads(line) for line in console[1:]]
     assert [{**s, "tool_s": 0.0} for s in printed] == documented
+
+
+def test_the_documented_multi_turn_config_loads():
+    """docs/environments.md's rollout block, given to the example config's math domain, passes every check."""
+    import re
+
+    import yaml
+
+    from roll_pipeline.driver.names import load_run_config
+    from tests.conftest import EXAMPLES, ROOT
+
+    page = (ROOT / "docs" / "environments.md").read_text(encoding="utf-8")
+    block = yaml.safe_load(re.findall(r"```yaml\n(.*?)```", page, re.DOTALL)[0])
+    rollout = block["rewards"]["math"]["rollout"]
+    override = "rewards.math.rollout=" + json.dumps(rollout)
+    loaded = load_run_config(EXAMPLES / "math_code.yaml", [override]).config.rewards["math"].rollout
+    assert (loaded.type, loaded.environment, loaded.max_turns, loaded.stop) == ("multi_turn", "python", 4, ["</python>"])
+    assert loaded.environment_options == {"timeout_s": 5, "call_format": "plain"}

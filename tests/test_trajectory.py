@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from roll_core.batch import Batch, loss_mask
-from roll_core.config import load_config
 from roll_core.config.clusters import GeneratingArgs
 from roll_core.data.loading import collate_prompts
 from roll_core.environment import EnvStep
@@ -15,6 +14,7 @@ from roll_core.models.forward import batched_log_probs
 from roll_core.models.sampling import SamplingDistribution
 from schedulers.trajectory import Trajectory, plain_tool_message, trajectory_rows
 from tests.conftest import EXAMPLES
+from tests.test_sampling import strategy  # noqa: F401 (actor_infer's strategy on the embedded model)
 
 
 def test_a_trajectory_keeps_model_and_tool_tokens_apart():
@@ -38,20 +38,12 @@ def test_a_trajectory_keeps_model_and_tool_tokens_apart():
     assert trajectory_rows([empty], 5, True)["response_ids"].tolist() == [[5]]
 
 
-@pytest.fixture(scope="module")
-def strategy(tiny_model):
-    from workers.strategies.hf_infer import HFInferStrategy
-
-    cfg = load_config(EXAMPLES / "math_code.yaml", [f"actor_infer.model_args.model_name_or_path={tiny_model}"])
-    return HFInferStrategy(cfg.config.actor_infer)
-
-
 @pytest.mark.parametrize(
     "args",
     [GeneratingArgs(max_new_tokens=8, temperature=1.0), GeneratingArgs(max_new_tokens=8, temperature=0.8, top_k=6)],
     ids=["full", "top_k"],
 )
-def test_the_trainers_log_probs_of_a_multi_turn_response_equal_the_generators(strategy, args):
+def test_the_trainers_log_probs_of_a_multi_turn_response_equal_the_generators(strategy, args):  # noqa: F811
     """Three turns with two tool answers between them, sampled turn by turn by actor_infer's strategy from the
     growing context (token ids in, token ids out): the trainer's forward over the whole response, with the tools'
     tokens in its sequence (tool_mask), gives each sampled token the log-prob the generator sampled it with, and

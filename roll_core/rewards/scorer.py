@@ -7,11 +7,12 @@ ground truth in the wrong form): the worker masks such a sample instead of rewar
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
+
+from roll_core.plugins import refuse_unknown_options
 
 #: Metric names the reward worker and the rollout metrics write; a scorer's own metrics must not shadow them.
 RESERVED_METRIC_NAMES = frozenset(
@@ -112,16 +113,7 @@ class RewardScorer:
     preload_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: object) -> None:
-        if options:
-            accepted = sorted(
-                name
-                for name, param in inspect.signature(type(self).__init__).parameters.items()
-                if param.kind is inspect.Parameter.KEYWORD_ONLY
-            )
-            raise TypeError(
-                f"{type(self).__name__}: unknown option(s) {sorted(options)}; "
-                f"accepted options: {accepted or 'none'}"
-            )
+        refuse_unknown_options(self, options)
 
     @classmethod
     def within_timeout(cls, options: dict, timeout_s: float) -> dict:

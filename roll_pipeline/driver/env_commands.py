@@ -17,6 +17,7 @@ from dataclasses import asdict
 from roll_core.console import EXIT_USAGE, echo, error
 from roll_pipeline.driver.reward_commands import (
     UsageError,
+    option_argument,
     parse_assignments,
     print_plugins,
     read_value,
@@ -103,11 +104,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--message", action="append", default=[], metavar="TEXT_OR_@FILE", help="a model message (repeat, in order)"
     )
     run.add_argument("--messages", metavar="JSON_OR_@FILE", help="the model messages as a JSON list of strings")
-    run.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an environment option, as in rewards.<domain>.rollout.environment_options; the value is YAML",
-    )
+    option_argument(run, "an environment option, as in rewards.<domain>.rollout.environment_options; the value is YAML")
     run.set_defaults(func=cmd_env_run)

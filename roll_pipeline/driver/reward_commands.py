@@ -112,6 +112,11 @@ def cmd_rewards_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def option_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """`--option KEY=VALUE`, repeatable: a plugin's option (parse_assignments with yaml_value reads them)."""
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     rewards = sub.add_parser("rewards", help="reward workers: list them, score one sample")
     commands = rewards.add_subparsers(dest="rewards_command", required=True)
@@ -136,13 +141,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE_OR_@FILE",
         help="another column of the sample, passed to the scorer as text (e.g. test_cases=@tests.json)",
     )
-    score.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a scorer option, as in rewards.<domain>.options; the value is YAML (e.g. format_score=0.1)",
-    )
+    option_argument(score, "a scorer option, as in rewards.<domain>.options; the value is YAML (e.g. format_score=0.1)")
     score.add_argument(
         "--timeout-s", type=float, default=30.0, help="scoring time limit, as rewards.<domain>.timeout_s"
     )
