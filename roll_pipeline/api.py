@@ -46,6 +46,8 @@ ENTRY_POINTS: dict[str, str] = {
     "EnvStep": "roll_core.environment:EnvStep",
     "EnvironmentUnavailable": "roll_core.environment:EnvironmentUnavailable",
     "register_environment": "workers.environments.registry:register_environment",
+    "PythonToolEnvironment": "workers.environments.python_tool:PythonToolEnvironment",
+    "replay_program": "workers.environments.tool_calls:replay_program",
     # workers
     "ActorTrainWorker": "workers.actor_train:ActorTrainWorker",
     "ActorInferWorker": "workers.actor_infer:ActorInferWorker",
