@@ -30,6 +30,10 @@ TENSOR_KEYS: dict[str, str] = {
     "ref_log_probs": "(B, R) float, log-probs of the response under the frozen reference policy",
     "infer_log_probs": "(B, R) float, log-probs of the response under the distribution actor_infer sampled it from",
     "infer_is_weights": "(B, R) float, truncated importance weights old / infer on the policy-gradient terms",
+    "turns": "(B,) float, a multi-turn response's model turns; absent: one",
+    "tool_calls": "(B,) float, a multi-turn response's tool calls; absent: none",
+    "tool_errors": "(B,) float, its tool calls that failed (an error, a timeout, a crash: the policy's doing)",
+    "tool_s": "(B,) float, the seconds its tool calls took",
     "values": "(B, R) float, the critic's value estimates",
     "advantages": "(B, R) float",
     "returns": "(B, R) float, targets of the value loss",
@@ -44,12 +48,22 @@ META_KEYS: dict[str, str] = {
     "correct": "whether the reward worker judged the response correct (None when masked)",
     "mask_reason": "why the reward could not be computed (roll_core.rewards.scored.MASK_REASONS); None when scored",
     "finish_reason": "'stop' when the response ended with end-of-sequence, 'length' when truncated",
+    "trajectory": "a multi-turn response's chat messages (the model's turns, the tools' answers); None: single-turn",
 }
 
 
-#: Tensor keys a batch leaves out where they would be all zeros (a single-turn response has no tool tokens), with
-#: the key whose shape they take: Batch.concat fills them in where the batches it joins disagree.
-ZERO_WHEN_ABSENT = {"tool_mask": "response_mask"}
+#: Keys a batch leaves out where every sample would hold the same (a single-turn response has no tool tokens, one
+#: turn and no tool calls), with the tensor key whose shape they take and that value: Batch.concat fills them in
+#: where the batches it joins disagree (a single-turn domain's batch beside a multi-turn one's).
+FILLED_WHEN_ABSENT = {
+    "tool_mask": ("response_mask", 0.0),
+    "turns": ("scores", 1.0),
+    "tool_calls": ("scores", 0.0),
+    "tool_errors": ("scores", 0.0),
+    "tool_s": ("scores", 0.0),
+}
+#: Meta keys filled with None the same way.
+META_FILLED_WHEN_ABSENT = ("trajectory",)
 
 
 def _check_keys(keys: Iterable[str], declared: dict[str, str], kind: str) -> None:
@@ -122,9 +136,15 @@ class Batch:
         batches = [b for b in batches if len(b)]
         if not batches:
             return Batch()
-        for key, like in ZERO_WHEN_ABSENT.items():
+        for key, (like, value) in FILLED_WHEN_ABSENT.items():
             if any(key in b.tensors for b in batches):
-                batches = [b if key in b.tensors else b.update({key: torch.zeros_like(b[like])}) for b in batches]
+                batches = [
+                    b if key in b.tensors else b.update({key: torch.full_like(b[like], value, dtype=torch.float32)})
+                    for b in batches
+                ]
+        for key in META_FILLED_WHEN_ABSENT:
+            if any(key in b.meta for b in batches):
+                batches = [b if key in b.meta else b.update(**{key: [None] * len(b)}) for b in batches]
         tensor_keys, meta_keys = set(batches[0].tensors), set(batches[0].meta)
         for b in batches[1:]:
             if set(b.tensors) != tensor_keys or set(b.meta) != meta_keys:

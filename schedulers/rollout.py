@@ -189,6 +189,10 @@ class SingleTurnRollout:
         ]
 
 
+#: What a multi-turn output adds to its rows (schedulers/trajectory.py; roll_core/batch.py declares them).
+TRAJECTORY_TENSORS = ("tool_mask", "turns", "tool_calls", "tool_errors", "tool_s")
+
+
 def group_batch(
     domain: str, row: dict[str, Any], prompt: list[int], output: dict[str, Any], texts: list[str],
     results: list[ScoredSample], rejected: list[bool],
@@ -209,7 +213,7 @@ def group_batch(
             "response_mask": output["response_mask"],
             "scores": scores,
             "in_loss": in_loss,
-            **{key: output[key] for key in ("infer_log_probs", "tool_mask") if key in output},
+            **{key: output[key] for key in ("infer_log_probs", *TRAJECTORY_TENSORS) if key in output},
         },
         {
             "id": [row.get("id", row.get("_source"))] * n,
@@ -220,6 +224,7 @@ def group_batch(
             "response_text": list(texts),
             "correct": [r.correct for r in results],
             "mask_reason": [r.mask_reason for r in results],
+            **({"trajectory": list(output["trajectory"])} if "trajectory" in output else {}),
         },
     )
 

@@ -107,7 +107,8 @@ class Trajectory:
 
 def trajectory_rows(trajectories: list[Trajectory], pad_id: int, with_log_probs: bool) -> dict[str, Any]:
     """Trajectories as one generation output (right-padded rows, as actor_infer returns them): response_ids,
-    response_mask (the model's tokens), tool_mask (the tools'), finish_reason, and infer_log_probs when asked."""
+    response_mask (the model's tokens), tool_mask (the tools'), finish_reason, infer_log_probs when asked, and per
+    trajectory its chat messages (`trajectory`) and its turns, tool_calls, tool_errors and tool_s."""
     width = max((len(t.tokens) for t in trajectories), default=0) or 1
     shape = (len(trajectories), width)
     ids = torch.full(shape, pad_id, dtype=torch.long)
@@ -126,6 +127,11 @@ def trajectory_rows(trajectories: list[Trajectory], pad_id: int, with_log_probs:
         "response_mask": model_mask,
         "tool_mask": tool_mask,
         "finish_reason": [t.finish for t in trajectories],
+        "trajectory": [list(t.messages) for t in trajectories],
+        **{
+            key: torch.tensor([float(getattr(t, key)) for t in trajectories])
+            for key in ("turns", "tool_calls", "tool_errors", "tool_s")
+        },
     }
     if with_log_probs:
         out["infer_log_probs"] = log_probs

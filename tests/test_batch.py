@@ -105,3 +105,15 @@ def test_a_missing_tool_mask_is_all_zeros_when_batches_are_joined():
     assert sequence_mask(multi).tolist() == [[1, 1, 1, 1]] and sequence_mask(single).tolist() == [[1, 1, 0]]
     with pytest.raises(KeyError, match="different keys"):  # the fill is for tool_mask only
         Batch.concat([single, multi.update({"advantages": torch.zeros(1, 4)})])
+
+
+def test_a_single_turn_batch_beside_a_multi_turn_one_gets_one_turn_no_tool_calls_and_no_trajectory():
+    single = Batch({"scores": torch.tensor([1.0])}, {"tag": ["a"]})
+    multi = Batch(
+        {"scores": torch.tensor([0.0, 1.0]), "turns": torch.tensor([3.0, 2.0]), "tool_calls": torch.tensor([2.0, 1.0])},
+        {"tag": ["b", "b"], "trajectory": [[{"role": "tool", "content": "6"}], []]},
+    )
+    joined = Batch.concat([single, multi])
+    assert joined["turns"].tolist() == [1.0, 3.0, 2.0] and joined["tool_calls"].tolist() == [0.0, 2.0, 1.0]
+    assert joined.meta["trajectory"] == [None, [{"role": "tool", "content": "6"}], []]
+    assert Batch.concat([single, single]).meta == {"tag": ["a", "a"]}

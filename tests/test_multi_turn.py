@@ -155,6 +155,26 @@ def test_a_trajectory_calls_the_tool_and_its_final_answer_is_scored_with_the_who
     first = [r for r in policy.requests if r[0].startswith("math/0/0")]
     assert [(r[0], r[1]) for r in first] == [("math/0/0", 1), ("math/0/0/turn1", N)]
     assert metrics["scheduler/math/prompts_drawn"] == 2
+    # what the reports read: each response's turns and tool use, and its trajectory
+    assert batch["turns"].tolist() == [2.0] * (2 * N) and batch["tool_calls"].tolist() == [1.0] * (2 * N)
+    assert batch["tool_s"].tolist() == [0.25] * (2 * N) and batch.meta["trajectory"][0] == sample["trajectory"]
+
+
+def test_the_reports_show_tool_use_and_whole_trajectories():
+    from roll_pipeline.driver.pipeline import RLVRPipeline
+    from roll_pipeline.driver.report import sample_table
+    from roll_pipeline.driver.validation import validation_metrics
+
+    s = make(multi_turn(), rows("mul 123 456"), Policy(), rewards=[Judge()])
+    batch, _ = run(s, 1)
+    records = RLVRPipeline._records(batch)
+    assert records[0].tool_use == {"turns": 2.0, "tool_calls": 1.0, "tool_errors": 0.0, "tool_s": 0.25}
+    metrics = validation_metrics(records)
+    assert metrics["val_tool_calls/add/mean"] == 1.0 and metrics["val_turns/all/mean"] == 2.0
+    table = sample_table(records, rows_per_tag=1)
+    assert table["response"] == ["56088"]
+    assert table["trajectory"][0].startswith("[assistant] <python>\nprint(123*456)\n</python>\n[tool] <|im_end|>")
+    assert table["trajectory"][0].endswith("\n[assistant] 56088")
 
 
 def test_turns_end_at_max_turns_and_the_last_turn_is_the_answer_whatever_it_holds():

@@ -369,3 +369,29 @@ def test_metrics_recomputed_from_the_logged_sample_table_agree():
     got = intervals(prompt_outcomes(records))
     for scope, members in scopes.items():
         assert (got[scope].low, got[scope].high) == pytest.approx(wilson_by_inversion(prompt_shares(members)), abs=1e-9)
+
+
+def test_multi_turn_responses_report_their_tool_use_per_tag_and_domain():
+    """val_{turns,tool_calls,tool_errors,tool_s}/<scope>/mean over the multi-turn responses of a scope (a
+    single-turn tag gets none), and the same per domain and in the training batch's metrics."""
+
+    def used(turns, calls, errors, seconds):
+        return {"turns": turns, "tool_calls": calls, "tool_errors": errors, "tool_s": seconds}
+
+    records = [
+        rec("tool", "mul", True, pid="a").but(tool_use=used(2, 1, 0, 0.5), trajectory=[]),
+        rec("tool", "mul", False, pid="a").but(tool_use=used(4, 3, 2, 1.5), trajectory=[]),
+        rec("math", "add", True, pid="b"),
+    ]
+    metrics = validation_metrics(records)
+    assert {k: v for k, v in metrics.items() if "mul" in k and k.split("/")[0] in (
+        "val_turns", "val_tool_calls", "val_tool_errors", "val_tool_s")} == {
+        "val_turns/mul/mean": 3.0, "val_tool_calls/mul/mean": 2.0, "val_tool_errors/mul/mean": 1.0,
+        "val_tool_s/mul/mean": 1.0,
+    }
+    assert metrics["val_tool_calls/all/mean"] == 2.0  # over the multi-turn responses of all tags
+    assert not any(k.startswith("val_turns/add") or k.startswith("val_tool_calls/add") for k in metrics)
+    assert metrics["val_domain/tool/tool_errors"] == 1.0 and "val_domain/math/turns" not in metrics
+    batch = rollout_metrics("tool", records[:2])
+    assert (batch["tool_use/tool/turns"], batch["tool_use/tool/tool_s"]) == (3.0, 1.0)
+    assert not any(k.startswith("tool_use/") for k in rollout_metrics("math", records[2:]))

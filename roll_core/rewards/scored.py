@@ -11,7 +11,7 @@ rollout and validation metrics read it. A sample is masked exactly when
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,6 +49,10 @@ class ScoredSample:
     prompt: str | None = None
     """The prompt as text (for the validation sample table)."""
     ground_truth: Any = None
+    trajectory: Sequence[Mapping[str, str]] | None = None
+    """A multi-turn response's chat messages (the model's turns and the tools' answers); None: single-turn."""
+    tool_use: Mapping[str, float] | None = None
+    """A multi-turn response's `turns`, `tool_calls`, `tool_errors` and `tool_s` (set by the driver)."""
     components: Mapping[str, ScoredSample] = field(default_factory=dict)
     """For a domain of several rewards (rewards.<domain>.workers): each component's own judgement, by name."""
 

@@ -36,7 +36,13 @@ from roll_pipeline.driver.run_change import run_change
 from roll_pipeline.driver.run_state import restore_run, save_run, warn_config_changes
 from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
 from roll_pipeline.driver.significance import prompt_outcomes, validation_significance
-from roll_pipeline.driver.validation import answer_keys, metric_name_part, rollout_metrics, validation_metrics
+from roll_pipeline.driver.validation import (
+    TOOL_STATS,
+    answer_keys,
+    metric_name_part,
+    rollout_metrics,
+    validation_metrics,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -524,6 +530,8 @@ class RLVRPipeline:
         lengths = batch["response_mask"].sum(-1).long().tolist()
         scores = batch["scores"].tolist()
         meta = batch.meta
+        trajectories = meta.get("trajectory") or [None] * len(batch)
+        tool = {key: batch[key].tolist() for key in TOOL_STATS if key in batch.tensors}
         return [
             ScoredSample(
                 score=None if meta["mask_reason"][i] else scores[i],
@@ -535,6 +543,8 @@ class RLVRPipeline:
                 tag=meta["tag"][i],
                 id=meta["id"][i],
                 response_text=meta["response_text"][i],
+                trajectory=trajectories[i],
+                tool_use=None if trajectories[i] is None else {key: v[i] for key, v in tool.items()},
             )
             for i in range(len(batch))
         ]

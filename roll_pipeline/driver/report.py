@@ -76,6 +76,8 @@ def sample_table(records: Sequence[ScoredSample], rows_per_tag: int) -> dict[str
         "finish_reason",
         "response_length",
     ]
+    if any(r.trajectory is not None for _, r, _ in rows):
+        columns.append("trajectory")
     table: dict[str, list] = {c: [] for c in columns}
     for tag, r, index in rows:
         values = {
@@ -90,10 +92,16 @@ def sample_table(records: Sequence[ScoredSample], rows_per_tag: int) -> dict[str
             "verdict": verdict(r.correct),
             "finish_reason": r.finish_reason,
             "response_length": int(r.response_length or 0),
+            "trajectory": transcript(r.trajectory),
         }
         for c in columns:
             table[c].append(values[c])
     return table
+
+
+def transcript(messages: Sequence[Mapping[str, str]] | None) -> str:
+    """A multi-turn response as text for the sample tables: each message after its role; "" for single-turn."""
+    return "\n".join(f"[{m['role']}] {m['content']}" for m in messages or ())
 
 
 TRAIN_TABLE_DIR = "train_samples"
@@ -115,10 +123,13 @@ def train_sample_table(
     was scored (`reward`, None when the reward could not be computed), the reward after shaping (`shaped_reward`,
     the KL penalty left out), the mean advantage over its tokens, and whether it was in the loss."""
     taken: dict[str, int] = defaultdict(int)
-    table: dict[str, list] = {c: [] for c in (
+    columns = [
         "domain", "tag", "prompt_id", "verdict", "reward", "shaped_reward", "advantage", "in_loss", "prompt",
         "response", "finish_reason", "response_length",
-    )}
+    ]
+    if any(r.trajectory is not None for r in records):
+        columns.append("trajectory")
+    table: dict[str, list] = {c: [] for c in columns}
     for i, r in enumerate(records):
         if taken[r.domain] >= rows_per_domain:
             continue
@@ -128,9 +139,10 @@ def train_sample_table(
             "reward": None if r.masked else float(r.score), "shaped_reward": float(shaped[i]),
             "advantage": float(advantages[i]), "in_loss": bool(in_loss[i]), "prompt": prompts[i],
             "response": r.response_text, "finish_reason": r.finish_reason, "response_length": int(r.response_length or 0),
+            "trajectory": transcript(r.trajectory),
         }
-        for column, value in values.items():
-            table[column].append(value)
+        for column in columns:
+            table[column].append(values[column])
     return table
 
 

@@ -13,6 +13,8 @@ domain; "all" is every validation prompt of every domain):
 ``val_truncated/{all,<tag>}/rate``          share of responses cut off by max_new_tokens
 ``val_masked/{all,<tag>}/count``            samples the reward worker could not score (left out of accuracies)
 ``val_prompts/{all,<tag>}/count``           validation prompts
+``val_{turns,tool_calls,tool_errors,tool_s}  multi-turn responses only: model turns, tool calls, failed tool
+/{all,<tag>}/mean``                         calls and tool seconds per response
 ``val_domain/<domain>/<name>``              the same per domain: correct_mean, pass_at_<j>, maj_at_<k>,
                                             response_length_mean, truncated_rate, masked_count, prompts
 ==========================================  =================================================================
@@ -119,7 +121,18 @@ def _scope_metrics(
     out["truncated"] = _mean([1.0 if r.finish_reason == "length" else 0.0 for r in samples])
     out["masked"] = float(len(samples) - len(scored))
     out["prompts"] = float(len(groups))
+    out |= tool_use_means(samples)
     return out
+
+
+TOOL_STATS = ("turns", "tool_calls", "tool_errors", "tool_s")
+"""What a multi-turn response records of its tool use (ScoredSample.tool_use)."""
+
+
+def tool_use_means(samples: Sequence[ScoredSample]) -> dict[str, float]:
+    """Per response, the mean of each of TOOL_STATS over the multi-turn ones among `samples` (none: {})."""
+    used = [r.tool_use for r in samples if r.tool_use is not None]
+    return {key: _mean([float(u[key]) for u in used]) for key in TOOL_STATS} if used else {}
 
 
 def validation_metrics(
@@ -164,6 +177,7 @@ def validation_metrics(
         metrics[f"val_truncated/{name}/rate"] = m["truncated"]
         metrics[f"val_masked/{name}/count"] = m["masked"]
         metrics[f"val_prompts/{name}/count"] = m["prompts"]
+        metrics |= {f"val_{key}/{name}/mean": m[key] for key in TOOL_STATS if key in m}
     for domain, gids in sorted(by_domain.items()):
         m = scope(gids)
         renamed = {
@@ -196,4 +210,5 @@ def rollout_metrics(domain: str, records: Iterable[ScoredSample]) -> dict[str, f
         f"response_length/{domain}/truncation_rate": _mean(
             [1.0 if r.finish_reason == "length" else 0.0 for r in records]
         ),
+        **{f"tool_use/{domain}/{key}": v for key, v in tool_use_means(records).items()},
     }
