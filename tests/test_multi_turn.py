@@ -288,3 +288,84 @@ def test_the_python_tool_answers_in_the_sandbox_inside_a_rollout():
     assert judge.samples[0]["trajectory"][1]["content"] == (
         "<|im_end|>\n<|im_start|>tool\n56088\n<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+class Echo(Environment):
+    """Answers every model turn with `ok` (whatever it says) for `calls` turns, then takes the next as the final
+    answer: real engines then produce trajectories with tool tokens although the tiny model never calls a tool."""
+
+    def __init__(self, *, calls: int = 2, **options):
+        super().__init__(**options)
+        self.calls = calls
+
+    def reset(self, row):
+        self.made = 0
+
+    def step(self, message):
+        if self.made >= self.calls:
+            return EnvStep(done=True)
+        self.made += 1
+        return EnvStep(observation="ok", tool_calls=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["hf_infer", "vllm"])
+def test_a_real_pipeline_step_with_multi_turn_trajectories(tmp_path, tiny_model, engine, mlflow_db):
+    """Through Ray, with actor_infer's real engine: each math trajectory takes three turns with two tool answers
+    between them; actor_train's log-probs of the sampled tokens equal the engine's (same weights), the tools'
+    tokens are in the sequence and out of the loss, and the step trains and syncs."""
+    import ray
+
+    from roll_core.config import load_config
+    from roll_pipeline.driver.pipeline import RLVRPipeline
+    from roll_pipeline.driver.runtime import start_local_ray
+    from tests.conftest import EXAMPLES
+    from tests.test_pipeline_integration import SMALL
+
+    if engine == "vllm":
+        from tests.test_vllm_engine import EAGER, require_vllm_cpu_build
+
+        require_vllm_cpu_build()
+    overrides = [
+        *SMALL,
+        "max_steps=1",
+        f"output_dir={tmp_path / 'run'}",
+        f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
+        f"actor_infer.strategy_args.strategy_name={engine}",
+        *([EAGER] if engine == "vllm" else []),
+        "infer_is_cap=2.0",  # actor_infer returns the sampled tokens' log-probs
+        "rewards.math.rollout={type: multi_turn, environment: 'tests.test_multi_turn:Echo', max_turns: 3}",
+        # GAE: the tiny model's groups may all score alike, and a critic's values give advantages anyway (and
+        # the critic reads the tools' tokens too)
+        "adv_estimator=gae",
+        "rewards.math.group_filters={}",  # uniform groups stay in the loss
+        "critic={training_args: {per_device_train_batch_size: 8, gradient_accumulation_steps: 2, learning_rate: 1e-3}}",
+    ]
+    start_local_ray(8, log_to_driver=False)
+    pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
+    try:
+        pipeline.setup()
+        rollout = pipeline.rollout()
+        batch = rollout.batch
+        # math is multi-turn, code single-turn: the batch holds both, the single-turn rows filled in
+        math = torch.tensor([d == "math" for d in batch.meta["domain"]])
+        assert int(math.sum()) == 12 and int((~math).sum()) == 4
+        assert batch["turns"][math].tolist() == [3.0] * 12 and batch["tool_calls"][math].tolist() == [2.0] * 12
+        assert batch["turns"][~math].tolist() == [1.0] * 4 and not batch["tool_mask"][~math].any()
+        assert (batch["tool_mask"][math].sum(1) > 0).all() and not (batch["tool_mask"] * batch["response_mask"]).any()
+        trajectories = dict(enumerate(batch.meta["trajectory"]))
+        assert all(len(trajectories[i]) == 5 if m else trajectories[i] is None for i, m in enumerate(math.tolist()))
+        batch = pipeline.compute_log_probs(batch)
+        model_tokens = batch["response_mask"] > 0
+        gap = (batch["old_log_probs"] - batch["infer_log_probs"]).abs()[model_tokens]
+        assert float(gap.max()) < 1e-3, float(gap.max())
+        batch = pipeline.compute_values(batch)
+        batch, _ = pipeline.shape_rewards(batch)
+        batch = pipeline.compute_advantages(batch)
+        assert not batch["advantages"][batch["tool_mask"] > 0].any() and batch["advantages"][model_tokens].any()
+        metrics = pipeline.train(batch)
+        assert metrics["actor/minibatches_trained"] > 0 and "critic/value_loss" in metrics
+        pipeline.sync_weights()
+    finally:
+        pipeline.shutdown()
+        ray.shutdown()
