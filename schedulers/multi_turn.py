@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import zlib
 from typing import Any
 
 from roll_core.config import GeneratingArgs
@@ -37,10 +38,11 @@ logger = logging.getLogger(__name__)
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
-    """The seed of a request's `turn`-th generation (the first keeps the request's own)."""
+    """The seed of a request's `turn`-th generation (the first keeps the request's own): fixed by the request's
+    seed and the turn alone, so a resumed deterministic run samples the same turns."""
     if seed is None or turn == 0:
         return seed
-    return (seed * 1_000_003 + turn) % 2**63
+    return zlib.crc32(f"{seed}/turn{turn}".encode())
 
 
 @ROLLOUTS.register("multi_turn", environment=True)

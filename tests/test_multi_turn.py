@@ -26,9 +26,14 @@ CALCULATOR = "tests.test_multi_turn:Calculator"
 class Calculator(Environment):
     """Answers `<python>print(A*B)</python>` with the product; `down_for` rows' calls fail as infrastructure."""
 
+    closed = 0
+
     def __init__(self, *, down_for: str | None = None, **options):
         super().__init__(**options)
         self.down_for = down_for
+
+    def close(self):
+        Calculator.closed += 1
 
     def reset(self, row):
         self.row = row
@@ -51,7 +56,8 @@ class Policy:
     `again` (they call the tool every turn) and `wrong` (they answer 0). Responses stop at the request's stop
     strings and at its max_new_tokens, as the engines do."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_probs: bool = True) -> None:
+        self.log_probs = log_probs
         self.requests: list[tuple[str, int, int | None, int]] = []
         """(request id, prompts, seed, max_new_tokens) per call."""
         self.aborted: list[str] = []
@@ -60,6 +66,8 @@ class Policy:
 
     def answer(self, context: str) -> str:
         a, b = re.search(r"mul (\d+) (\d+)", context).groups()
+        if "direct" in context:  # no tool: the answer at once
+            return f"{int(a) * int(b)}" + TOK.eos_token
         tool = context.rsplit("<|im_start|>tool\n", 1)
         if len(tool) == 1 or "again" in context:
             return f"<python>\nprint({a}*{b})\n</python>"
@@ -78,12 +86,14 @@ class Policy:
                 rows.append(ids[: args.max_new_tokens])
                 finish.append("length" if len(ids) > args.max_new_tokens else "stop")
         width = max(len(r) for r in rows)
-        return {
+        out = {
             "response_ids": torch.tensor([r + [TOK.pad_token_id] * (width - len(r)) for r in rows]),
             "response_mask": torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows]),
             "finish_reason": finish,
-            "infer_log_probs": -torch.tensor([[0.5] * len(r) + [0.0] * (width - len(r)) for r in rows]),
         }
+        if self.log_probs:
+            out["infer_log_probs"] = -torch.tensor([[0.5] * len(r) + [0.0] * (width - len(r)) for r in rows])
+        return out
 
     def abort(self, request_ids):
         self.aborted.extend(request_ids)
@@ -208,6 +218,83 @@ def test_the_token_budget_cuts_a_turn_and_ends_the_trajectory():
     assert (batch["tool_mask"].sum(1) == 3).all() and batch.meta["finish_reason"] == ["length"] * N
 
 
+def test_prompts_of_one_request_keep_their_own_trajectories():
+    """Several prompts in one generation request (wave mode): answers of different lengths come back padded, and
+    each trajectory takes its own rows, turn after turn, whether it goes on or is done (a prompt answered at once
+    beside prompts that call the tool)."""
+    policy, judge = Policy(), Judge()
+    cfg = multi_turn("dynamic_sampling.request_mode=wave", "actor_infer.infer_batch_size=12")
+    s = make(cfg, rows("mul 2 3 direct", "mul 123 456", "mul 9 9"), policy, rewards=[judge])
+    batch, _ = run(s, 3, group_size=2)
+    assert [r[:2] for r in policy.requests] == [("math/0/0", 3), ("math/0/0/turn1", 4)]
+    by_id = {}
+    for i, row in enumerate(batch.meta["id"]):
+        by_id.setdefault(row, []).append(
+            (batch.meta["response_text"][i], batch["turns"][i].item(), texts_of(batch, i, "response_mask"))
+        )
+    assert by_id == {
+        "r0": [("6", 1.0, "6<|im_end|>")] * 2,
+        "r1": [("56088", 2.0, "<python>\nprint(123*456)\n</python>56088<|im_end|>")] * 2,
+        "r2": [("81", 2.0, "<python>\nprint(9*9)\n</python>81<|im_end|>")] * 2,
+    }
+    assert batch["scores"].tolist() == [1.0] * 6
+
+
+def test_the_budget_defaults_to_max_new_tokens_per_turn_and_an_exact_fit_is_no_cut():
+    call = len(TOK.encode("<python>\nprint(2*3)\n</python>", add_special_tokens=False))
+    answer = len(TOK.encode("<|im_end|>\n<|im_start|>tool\n6<|im_end|>\n<|im_start|>assistant\n",
+                            add_special_tokens=False))
+    policy = Policy()
+    # max_total_tokens unset: max_new_tokens (the call's length) times max_turns (4)
+    s = make(multi_turn(rollout=", max_turns: 4"), rows("mul 2 3 again"), policy, rewards=[Judge()])
+    run(s, 1, args=GeneratingArgs(max_new_tokens=call))
+    left = 4 * call - call - answer
+    assert [r[3] for r in policy.requests] == [call, call, min(call, left - call - answer)]
+    assert len(policy.requests) == 3  # the third answer leaves no room: the trajectory ends at the budget
+    # a final answer that fills the budget exactly was not cut: it stopped by itself
+    final = len(TOK.encode("6" + TOK.eos_token, add_special_tokens=False))
+    s = make(multi_turn(rollout=f", max_total_tokens: {call + answer + final}"), rows("mul 2 3"), Policy(),
+             rewards=[Judge()])
+    batch, _ = run(s, 1)
+    assert batch.meta["finish_reason"] == ["stop"] * N and batch["scores"].tolist() == [1.0] * N
+    # a tool answer that fills what is left exactly ends the trajectory: no room for a turn
+    policy = Policy()
+    s = make(multi_turn(rollout=f", max_total_tokens: {call + answer}"), rows("mul 2 3"), policy, rewards=[Judge()])
+    batch, _ = run(s, 1)
+    assert len(policy.requests) == 1 and batch.meta["finish_reason"] == ["length"] * N
+    assert (batch["tool_mask"].sum(1) == answer).all()
+
+
+def test_without_log_probs_from_the_engine_the_turns_still_add_up():
+    policy = Policy(log_probs=False)
+    call = len(TOK.encode("<python>\nprint(123*456)\n</python>", add_special_tokens=False))
+    s = make(multi_turn(rollout=f", max_total_tokens: {call - 3}"), rows("mul 123 456"), policy, rewards=[Judge()])
+    batch, _ = run(s, 1)
+    assert "infer_log_probs" not in batch.tensors and (batch["response_mask"].sum(1) == call - 3).all()
+
+
+def test_a_turn_cut_by_max_new_tokens_ends_its_trajectory_whatever_the_environment_says():
+    policy = Policy()
+    echo = "rewards.math.rollout={type: multi_turn, environment: 'tests.test_multi_turn:Echo', max_turns: 3}"
+    s = make(multi_turn(echo), rows("mul 123 456"), policy, rewards=[Judge()])
+    batch, _ = run(s, 1, args=GeneratingArgs(max_new_tokens=5))
+    assert len(policy.requests) == 1 and batch.meta["finish_reason"] == ["length"] * N
+    assert batch["tool_calls"].tolist() == [0.0] * N
+
+
+def test_every_environment_is_closed_and_the_kind_says_it_needs_one(tmp_path):
+    from roll_core.registry import ROLLOUTS
+    from roll_pipeline.driver.names import load_run_config
+    from tests.conftest import EXAMPLES
+
+    Calculator.closed = 0
+    run(make(multi_turn(), rows("mul 2 3", "mul 4 5"), Policy(), rewards=[Judge()]), 2)
+    assert Calculator.closed == 2 * N
+    assert ROLLOUTS.traits("multi_turn") == {"environment": True} and ROLLOUTS.traits("single_turn") == {}
+    with pytest.raises(ValueError, match="rewards.math.rollout.environment: unknown environment 'calculator'"):
+        load_run_config(EXAMPLES / "math_code.yaml", ["rewards.math.rollout={type: multi_turn, environment: calculator}"])
+
+
 def test_an_environment_failure_masks_its_trajectories_only():
     s = make(multi_turn(options="{down_for: r1}"), rows("mul 2 3", "mul 4 5"), Policy(), rewards=[Judge()])
     batch, metrics = run(s, 2)
@@ -236,6 +323,8 @@ def test_deterministic_turns_have_seeds_of_their_own():
     (first, second) = policy.requests
     assert first[2] is not None and second[2] == turn_seed(first[2], 1) != first[2]
     assert turn_seed(None, 1) is None and turn_seed(5, 0) == 5
+    # fixed values: a resumed deterministic run must draw the same turns, whatever the code's version
+    assert [turn_seed(12345, 1), turn_seed(12345, 2), turn_seed(7, 1)] == [1503201087, 3230684805, 2872319949]
 
 
 def test_validation_is_multi_turn_too():
