@@ -196,6 +196,12 @@ def test_turns_end_at_max_turns_and_the_last_turn_is_the_answer_whatever_it_hold
     assert texts_of(batch, 0, "tool_mask").count("<|im_start|>tool\n6<|im_end|>") == 2  # no call answered after the last turn
     assert batch["scores"].tolist() == [0.0] * N  # the last turn, a call, is the final answer
     assert [m["role"] for m in judge.samples[0]["trajectory"]] == ["assistant", "tool"] * 2 + ["assistant"]
+    # an even number of turns: still no tool answer after the last one
+    policy = Policy()
+    s = make(multi_turn(rollout=", max_turns: 2"), rows("mul 2 3 again"), policy, rewards=[Judge()])
+    batch, _ = run(s, 1)
+    assert len(policy.requests) == 2 and batch["tool_calls"].tolist() == [1.0] * N
+    assert batch.meta["trajectory"][0][-1]["role"] == "assistant"
 
 
 def test_the_token_budget_cuts_a_turn_and_ends_the_trajectory():
@@ -214,8 +220,11 @@ def test_the_token_budget_cuts_a_turn_and_ends_the_trajectory():
     assert batch.meta["response_text"] == ["56"] * N and batch["scores"].tolist() == [0.0] * N
     # a budget that ends inside the tool's answer: the answer is cut and the trajectory ends there
     s = make(multi_turn(rollout=f", max_total_tokens: {call + 3}"), rows("mul 123 456"), Policy(), rewards=[Judge()])
+    policy = Policy()
+    s = make(multi_turn(rollout=f", max_total_tokens: {call + 3}"), rows("mul 123 456"), policy, rewards=[Judge()])
     batch, _ = run(s, 1, args=args)
     assert (batch["tool_mask"].sum(1) == 3).all() and batch.meta["finish_reason"] == ["length"] * N
+    assert len(policy.requests) == 1 and batch["turns"].tolist() == [1.0] * N  # no turn without room
 
 
 def test_prompts_of_one_request_keep_their_own_trajectories():
@@ -238,6 +247,36 @@ def test_prompts_of_one_request_keep_their_own_trajectories():
         "r2": [("81", 2.0, "<python>\nprint(9*9)\n</python>81<|im_end|>")] * 2,
     }
     assert batch["scores"].tolist() == [1.0] * 6
+
+
+def sample(rollout, prompts, n=1, args=ARGS):
+    """One generation request of the rollout, for these prompts in this order."""
+    rows_ = rows(*prompts)
+    ids = [TOK.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True) for r in rows_]
+    ids = [list(i["input_ids"]) if hasattr(i, "keys") else list(i) for i in ids]
+    return asyncio.run(rollout.sample(0, "math/0/0", rows_, ids, args, n, None, SimpleStats()))
+
+
+@pytest.mark.parametrize("log_probs", [True, False])
+def test_one_request_cuts_each_trajectory_at_its_own_budget(log_probs):
+    """Trajectories of one request with different room left: the turn is asked for the most any has left, and
+    each is cut at its own (with its log-probs, where the engine gave them); one that is done does not stop the
+    ones after it."""
+    call = len(TOK.encode("<python>\nprint(123*456)\n</python>", add_special_tokens=False))
+    answer = len(TOK.encode("<|im_end|>\n<|im_start|>tool\n56088<|im_end|>\n<|im_start|>assistant\n",
+                            add_special_tokens=False))
+    short_call = len(TOK.encode("<python>\nprint(2*3)\n</python>", add_special_tokens=False))
+    s = make(multi_turn(rollout=f", max_total_tokens: {call + answer + 2}"), rows("mul 2 3"),
+             Policy(log_probs=log_probs), rewards=[Judge()])
+    out = sample(s.rollout, ["mul 9 9 direct", "mul 123 456", "mul 2 3"])
+    finals = [t.final_answer() for t in out["trajectories"]]
+    assert finals == ["81", "56", "6"]  # 56088 cut at the 2 tokens left; 2*3's call was shorter: room for "6"
+    assert [t.finish for t in out["trajectories"]] == ["stop", "length", "stop"]
+    assert short_call < call
+    assert ("infer_log_probs" in out) == log_probs
+    if log_probs:
+        lengths = (out["response_mask"] > 0).sum(1)
+        assert ((out["infer_log_probs"] != 0).sum(1) == lengths).all()
 
 
 def test_the_budget_defaults_to_max_new_tokens_per_turn_and_an_exact_fit_is_no_cut():
