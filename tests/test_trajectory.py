@@ -36,6 +36,15 @@ def test_a_trajectory_keeps_model_and_tool_tokens_apart():
     assert rows["finish_reason"] == ["stop", "length", "length"] and empty.final_answer() == ""
     assert "infer_log_probs" not in trajectory_rows([t], 0, with_log_probs=False)
     assert trajectory_rows([empty], 5, True)["response_ids"].tolist() == [[5]]
+    assert t.log_probs == [-0.5, -0.25, 0.0, 0.0, 0.0, -1.0]  # a tool's tokens have none
+    # an empty trajectory before others leaves theirs as they are
+    first_empty = trajectory_rows([empty, short, t], pad_id=0, with_log_probs=True)
+    assert first_empty["response_ids"].tolist() == [[0] * 6, [13, 14, 0, 0, 0, 0], [10, 11, 20, 21, 22, 12]]
+    # a trajectory that ended on a tool's answer (its budget spent) still answers with its last model turn
+    cut = Trajectory(prompt=[1])
+    cut.add_turn([10], None, "<python>x</python>", "stop")
+    cut.add_tool([20], "7", EnvStep("7", tool_calls=1))
+    assert cut.final_answer() == "<python>x</python>"
 
 
 @pytest.mark.parametrize(
@@ -125,3 +134,29 @@ def test_a_template_without_tool_messages_is_an_error_that_says_what_to_do():
 
     with pytest.raises(ValueError, match="set the rollout's tool_message: inline"):
         tool_answer_text(NoTools(), "7", "template")
+
+
+    class ToolsOnly:  # renders the tool's message but not the assistant's turn
+        def apply_chat_template(self, messages, **kwargs):
+            return "".join(m["content"] for m in messages if m["role"] == "tool")
+
+    with pytest.raises(ValueError, match="does not render a tool message after an assistant turn"):
+        tool_answer_text(ToolsOnly(), "7", "template")
+
+    class Bare:  # a template with nothing before the assistant's turn
+        def apply_chat_template(self, messages, **kwargs):
+            return "".join(f"{m['content']}|" for m in messages if m["role"] != "user") + "go:"
+
+    assert tool_answer_text(Bare(), "7", "template") == "|7|go:"
+
+
+def test_an_answer_of_exactly_the_limit_is_not_cut():
+    from transformers import AutoTokenizer
+
+    from schedulers.trajectory import tool_answer_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(EXAMPLES / "models" / "tiny-qwen2")
+    observation = "12345"
+    n = len(tokenizer.encode(observation, add_special_tokens=False))
+    assert "[cut" not in tool_answer_ids(tokenizer, observation, "inline", max_tokens=n)[1]
+    assert "[cut at" in tool_answer_ids(tokenizer, observation, "inline", max_tokens=n - 1)[1]
