@@ -109,11 +109,14 @@ def test_a_missing_tool_mask_is_all_zeros_when_batches_are_joined():
 
 def test_a_single_turn_batch_beside_a_multi_turn_one_gets_one_turn_no_tool_calls_and_no_trajectory():
     single = Batch({"scores": torch.tensor([1.0])}, {"tag": ["a"]})
+    used = {"turns": [3.0, 2.0], "tool_calls": [2.0, 1.0], "tool_errors": [1.0, 0.0], "tool_s": [0.5, 0.25]}
     multi = Batch(
-        {"scores": torch.tensor([0.0, 1.0]), "turns": torch.tensor([3.0, 2.0]), "tool_calls": torch.tensor([2.0, 1.0])},
+        {"scores": torch.tensor([0.0, 1.0]), **{k: torch.tensor(v) for k, v in used.items()}},
         {"tag": ["b", "b"], "trajectory": [[{"role": "tool", "content": "6"}], []]},
     )
     joined = Batch.concat([single, multi])
-    assert joined["turns"].tolist() == [1.0, 3.0, 2.0] and joined["tool_calls"].tolist() == [0.0, 2.0, 1.0]
+    assert {k: joined[k].tolist() for k in used} == {
+        "turns": [1.0, 3.0, 2.0], "tool_calls": [0.0, 2.0, 1.0], "tool_errors": [0.0, 1.0, 0.0], "tool_s": [0.0, 0.5, 0.25],
+    }
     assert joined.meta["trajectory"] == [None, [{"role": "tool", "content": "6"}], []]
     assert Batch.concat([single, single]).meta == {"tag": ["a", "a"]}
