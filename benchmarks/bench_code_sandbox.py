@@ -30,12 +30,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.harness import wait_for_quiet  # noqa: E402
+from benchmarks.harness import cpu_seconds, rate_and_cpu, wait_for_quiet  # noqa: E402
 from roll_pipeline.api import CodeSandboxScorer, Sandbox, run_checked  # noqa: E402
 
 LIS = """
@@ -83,45 +82,6 @@ WORKLOADS = {
     ),
     "check-5": (LIS, {"asserts": [CHECK + "check(lis)\n"]}),
 }
-
-
-def rate(work, concurrency: int, seconds: float) -> float:
-    """Calls of ``work()`` per second from ``concurrency`` threads, over about ``seconds``."""
-    return rate_and_cpu(work, concurrency, seconds)[0]
-
-
-def cpu_seconds() -> float:
-    """CPU seconds of this process and of its children that have ended (their children included, as each
-    waited for its own: a sandbox's program counts once bubblewrap, its parent here, has been reaped)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-def rate_and_cpu(work, concurrency: int, seconds: float, finish=None) -> tuple[float, float]:
-    """(calls of ``work()`` per second from ``concurrency`` threads over about ``seconds``, CPU milliseconds per
-    call of this process and its ended children). ``finish`` (off the rate's clock, on the CPU's) ends what the
-    calls left running: a scorer's close, which kills and reaps its sandboxes, so that the CPU of every program
-    they ran (reused zygote sandboxes reap their runs themselves) and of their starts is counted."""
-    cpu0 = cpu_seconds()
-    done = [0] * concurrency
-    stop = time.monotonic() + seconds
-
-    def loop(i: int) -> None:
-        while time.monotonic() < stop:
-            work()
-            done[i] += 1
-
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(concurrency)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - start
-    if finish is not None:
-        finish()
-    calls = sum(done)
-    return calls / elapsed, 1000 * (cpu_seconds() - cpu0) / max(calls, 1)
 
 
 def scorer_rate_and_cpu(scorer: CodeSandboxScorer, name: str, concurrency: int, seconds: float):

@@ -17,10 +17,8 @@ import argparse
 import os
 import subprocess
 import sys
-import threading
-import time
 
-from benchmarks.harness import wait_for_quiet
+from benchmarks.harness import rate, wait_for_quiet
 from benchmarks.summary import in_turn, spread
 from roll_pipeline.api import PythonToolEnvironment, replay_program
 
@@ -29,25 +27,6 @@ CELL = "x = {k} * 7\nprint(x * 123456789)"
 
 def cells(earlier: int) -> list[str]:
     return [CELL.format(k=k) for k in range(earlier + 1)]
-
-
-def rate(call, seconds: float, concurrency: int) -> float:
-    """Calls per second of `call` from `concurrency` threads over about `seconds`."""
-    done = [0] * concurrency
-    stop = time.monotonic() + seconds
-
-    def worker(i: int) -> None:
-        while time.monotonic() < stop:
-            call()
-            done[i] += 1
-
-    start = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(done) / (time.monotonic() - start)
 
 
 def tool_side(earlier: int, concurrency: int):
@@ -89,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             ours, theirs = in_turn(
                 r,
-                lambda tool_call=tool_call: rate(tool_call, args.seconds, args.concurrency),
-                lambda bare_call=bare_call: rate(bare_call, args.seconds, args.concurrency),
+                lambda tool_call=tool_call: rate(tool_call, args.concurrency, args.seconds),
+                lambda bare_call=bare_call: rate(bare_call, args.concurrency, args.seconds),
             )
             tool.append(ours)
             bare.append(theirs)

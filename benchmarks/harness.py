@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -49,3 +50,42 @@ def wait_for_quiet(timeout_s: float) -> str:
     if load < threshold:
         return f"quiet machine: load {load:.2f} < {threshold:.1f}"
     return f"NOT QUIET: load {load:.2f} >= {threshold:.1f} after waiting {timeout_s:.0f}s; figures are lower"
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended (their children included, as each
+    waited for its own: a sandbox's program counts once bubblewrap, its parent here, has been reaped)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def rate_and_cpu(work, concurrency: int, seconds: float, finish=None) -> tuple[float, float]:
+    """(calls of ``work()`` per second from ``concurrency`` threads over about ``seconds``, CPU milliseconds per
+    call of this process and its ended children). ``finish`` (off the rate's clock, on the CPU's) ends what the
+    calls left running: a scorer's close, which kills and reaps its sandboxes, so that the CPU of every program
+    they ran (reused zygote sandboxes reap their runs themselves) and of their starts is counted."""
+    cpu0 = cpu_seconds()
+    done = [0] * concurrency
+    stop = time.monotonic() + seconds
+
+    def loop(i: int) -> None:
+        while time.monotonic() < stop:
+            work()
+            done[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(concurrency)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+    if finish is not None:
+        finish()
+    calls = sum(done)
+    return calls / elapsed, 1000 * (cpu_seconds() - cpu0) / max(calls, 1)
+
+
+def rate(work, concurrency: int, seconds: float) -> float:
+    """Calls of ``work()`` per second from ``concurrency`` threads, over about ``seconds``."""
+    return rate_and_cpu(work, concurrency, seconds)[0]

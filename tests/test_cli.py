@@ -81,6 +81,7 @@ def test_data_generate_writes_files(tmp_path, capsys):
     assert {p.name for p in tmp_path.glob("*.jsonl")} == {
         "math_train.jsonl", "math_val.jsonl", "code_train.jsonl", "code_val.jsonl",
         "word_problems_train.jsonl", "word_problems_val.jsonl",
+        "tool_math_train.jsonl", "tool_math_val.jsonl", "tool_math_warmup.jsonl",
     }
 
 

@@ -92,6 +92,16 @@ def test_errors_name_the_line_of_the_key_in_the_file(tmp_path):
     assert msg == f"{path}:{data_line}: data.train_files: required key is missing"
 
 
+def test_a_wrong_type_inside_a_domain_names_the_domain(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    bad = {**BASE, "rewards": {**BASE["rewards"], "code": {**BASE["rewards"]["code"], "world_size": "two"}}}
+    msg = error_of(tmp_path, bad)
+    line = path.read_text().splitlines().index("    world_size: two") + 1
+    assert msg == f"{path}:{line}: rewards.code.world_size: expected int, got 'two' (str)"
+    msg = error_of(tmp_path, BASE, ["rewards.math.rollout={type: multi_turn, max_turns: many}"])
+    assert msg == "rewards.math.rollout.max_turns: expected int, got 'many' (str)"
+
+
 def test_errors_from_overrides_name_no_line(tmp_path):
     msg = error_of(tmp_path, BASE, ["max_steps=ten"])
     assert msg == "max_steps: expected int, got 'ten' (str)"

@@ -239,17 +239,29 @@ def test_hostile_calls_leave_the_host_and_other_trajectories_untouched(make_env,
     assert leftover_processes(wait_s=60.0) == []
 
 
-def test_a_sandbox_that_cannot_start_is_the_infrastructures_failure(monkeypatch):
+@pytest.mark.parametrize("failure", [OSError("no bwrap"), IsolationUnavailable("no bwrap")])
+def test_a_sandbox_that_cannot_start_is_the_infrastructures_failure(monkeypatch, failure):
     from workers.rewards import code_sandbox
 
     def refuse(**options):
-        raise OSError("no bwrap")
+        raise failure
 
     monkeypatch.setattr(code_sandbox, "CodeSandboxScorer", refuse)
     env = PythonToolEnvironment(timeout_s=2.5)
     with pytest.raises(EnvironmentUnavailable, match="the sandbox cannot start: no bwrap"):
         call(env, "print(1)")
     assert env.step("no call, so no sandbox needed") == EnvStep(done=True)
+
+
+def test_a_bug_in_starting_the_sandbox_is_not_called_the_infrastructures(monkeypatch):
+    from workers.rewards import code_sandbox
+
+    def broken(**options):
+        raise KeyError("memory_mb")
+
+    monkeypatch.setattr(code_sandbox, "CodeSandboxScorer", broken)
+    with pytest.raises(KeyError, match="memory_mb"):
+        call(PythonToolEnvironment(timeout_s=2.5), "print(1)")
 
 
 # ---------------------------------------------------------------------------------------------- roll env

@@ -25,7 +25,7 @@ import yaml
 
 from roll_core.config.errors import ConfigError
 from roll_core.config.pipeline import PipelineConfig
-from roll_core.config.rewards import RolloutConfig
+from roll_core.config.rewards import RewardConfig, RolloutConfig
 from roll_core.config.shares import domain_shares
 
 _REF = re.compile(r"\$\{([A-Za-z0-9_.\-]+)\}")
@@ -150,14 +150,14 @@ def _validation_errors(obj: Any, path: str) -> Iterator[str]:
                 yield from _validation_errors(v, f"{path}.{k}")
 
 
-def _dacite_message(exc: dacite.DaciteError) -> str:
+def _dacite_message(exc: dacite.DaciteError, prefix: str = "") -> str:
     if isinstance(exc, dacite.MissingValueError):
-        return f"{exc.field_path}: required key is missing"
+        return f"{prefix}{exc.field_path}: required key is missing"
     if isinstance(exc, dacite.WrongTypeError):
         if typing.get_origin(exc.field_type) is typing.Literal:
-            return f"{exc.field_path}: expected one of {list(typing.get_args(exc.field_type))}, got {exc.value!r}"
+            return f"{prefix}{exc.field_path}: expected one of {list(typing.get_args(exc.field_type))}, got {exc.value!r}"
         expected = getattr(exc.field_type, "__name__", str(exc.field_type))
-        return f"{exc.field_path}: expected {expected}, got {exc.value!r} ({type(exc.value).__name__})"
+        return f"{prefix}{exc.field_path}: expected {expected}, got {exc.value!r} ({type(exc.value).__name__})"
     return str(exc)
 
 
@@ -230,10 +230,18 @@ def from_dict(data: Mapping[str, Any], checks: Sequence[Check] = ()) -> Pipeline
     unknown = list(_unknown_keys(PipelineConfig, data, ""))
     if unknown:
         raise ConfigError("\n".join(unknown))
+    config = dacite.Config(strict=True, type_hooks={float: _as_float, tuple[str, ...]: _as_tuple,
+                                                    RolloutConfig: _as_rollout})
+    rewards = data.get("rewards")
+    for domain, block in (rewards.items() if isinstance(rewards, Mapping) else ()):
+        # dacite's paths stop at a dict's values (`rewards.world_size`): each domain's block on its own first
+        if isinstance(block, Mapping):
+            try:
+                dacite.from_dict(RewardConfig, dict(block), config=config)
+            except dacite.DaciteError as exc:
+                raise ConfigError(_dacite_message(exc, f"rewards.{domain}.")) from None
     try:
-        cfg = dacite.from_dict(
-            PipelineConfig, dict(data), config=dacite.Config(strict=True, type_hooks={float: _as_float, tuple[str, ...]: _as_tuple, RolloutConfig: _as_rollout})
-        )
+        cfg = dacite.from_dict(PipelineConfig, dict(data), config=config)
     except dacite.DaciteError as exc:
         raise ConfigError(_dacite_message(exc)) from None
     problems = list(_validation_errors(cfg, ""))

@@ -42,6 +42,8 @@ class EmbeddedModel:
     """Built as the tiny judge (larger vocabulary, longer warm-up, verdicts measured after the build)."""
     min_verdict_accuracy: float = 0.0
     """For the judge: the least share of right verdicts on judge_val.jsonl (judge_eval.json)."""
+    hyperparameters: tuple[tuple[str, object], ...] = ()
+    """Warm-up settings other than TinyModelHyperparameters' defaults (roll_pipeline/models/tiny.py)."""
     reward_model: bool = False
     """Built as the tiny reward model (roll_pipeline/models/tiny_reward.py) from tiny-qwen2: train_files are its
     training and held-out rows; min_heldout_accuracy bounds its held-out pairwise accuracy (right answer scored
@@ -59,6 +61,11 @@ class EmbeddedModel:
 #   tiny-qwen2-rm     held-out pairwise accuracy 0.87 / 0.93 (chance 0.5), final loss 0.150 / 0.242 (chance 0.69),
 #                     measured 2026-11-26 on the AMD EPYC, seeds 0-3; an untrained head: 0.51 and 0.69
 RM_BOUNDS = {"accuracy": 0.7, "loss": 0.5}
+#   tiny-qwen2-tool   final loss 0.48 (seed 0, 450 steps, 2026-12-02 on the AMD EPYC; one build of this spec), two
+#                     earlier variants of its rows with 300 steps 0.63 and 0.68. Held-out accuracy is 0
+#                     by design (docs/embedded-models.md: its greedy path answers directly), so only the loss bounds it;
+#                     a warm-up that went wrong ends near 6.
+TOOL_MAX_FINAL_LOSS = 1.0
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     model.name: model
     for model in (
@@ -82,6 +89,11 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
                       (("97191cc08b940a86c1b426921b9d16b6496652dc9526f9993d93dd091d7c230e", AMD_EPYC_ZEN4),),
                       RM_BOUNDS["accuracy"], RM_BOUNDS["loss"],
                       reward_model=True),
+        EmbeddedModel("tiny-qwen2-tool", "the policy of examples/tool_math.yaml (calls the python tool)",
+                      ("tool_math_warmup.jsonl",),
+                      (("f3276335197c04421c9c26f95612e92fdbdc99db1ed6905d6d427652db5e94b3", AMD_EPYC_ZEN4),),
+                      min_heldout_accuracy=0.0, max_final_loss=TOOL_MAX_FINAL_LOSS,
+                      hyperparameters=(("warmup_steps", 450),)),
     )
 }
 

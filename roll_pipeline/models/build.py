@@ -56,4 +56,4 @@ def build_embedded_model(name: str, models_dir: Path = MODELS_DIR, data_dir: Pat
         return build_tiny_judge(models_dir / name, files, seed=seed)
     from roll_pipeline.models.tiny import build_tiny_model
 
-    return build_tiny_model(models_dir / name, files, seed=seed)
+    return build_tiny_model(models_dir / name, files, seed=seed, **dict(model.hyperparameters))

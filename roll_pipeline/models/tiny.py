@@ -214,7 +214,7 @@ def _replace_dir(staging: Path, out_dir: Path) -> None:
 
 def _build(out_dir: Path, hparams: TinyModelHyperparameters, train_files: Sequence[Path], seed: int) -> dict:
     rows_per_file = [_read_jsonl(path) for path in train_files]
-    corpus = [text for rows in rows_per_file for row in rows for text in _prompt_and_response(row)]
+    corpus = [text for rows in rows_per_file for row in rows for text in _texts(row)]
     tokenizer = build_tokenizer(corpus, hparams.vocab_size)
 
     torch.manual_seed(seed)
@@ -245,8 +245,17 @@ def _read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def _prompt_and_response(row: dict) -> tuple[str, str]:
-    return row["messages"][-1]["content"], row["ground_truth"]
+def _texts(row: dict) -> list[str]:
+    """The row's texts for the tokenizer's corpus: its messages and its ground truth."""
+    return [message["content"] for message in row["messages"]] + [row["ground_truth"]]
+
+
+def _question(row: dict) -> list[dict]:
+    """The messages before the model's first turn: the prompt."""
+    messages = row["messages"]
+    first_turn = next((i for i, m in enumerate(messages) if m["role"] != "user" and m["role"] != "system"),
+                      len(messages))
+    return messages[:first_turn]
 
 
 def build_tokenizer(corpus: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -291,27 +300,49 @@ def _model_config(hparams: TinyModelHyperparameters, tokenizer: PreTrainedTokeni
     )
 
 
-def _encode(tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict]) -> list[tuple[list[int], list[int]]]:
-    """Return (prompt ids, response ids + eos) per row, tokenized separately exactly as RL will see them."""
-    prompts = tokenizer.apply_chat_template([row["messages"] for row in rows], add_generation_prompt=True,
+def _encode(tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict]) -> list[tuple[list[int], list[int], list[int]]]:
+    """Return (prompt ids, response ids + eos, taught) per row, tokenized exactly as RL will see them; `taught` is 1
+    on the response tokens the warm-up learns.
+
+    A row whose messages go on after the question (the model's turns and tools' answers, roll_pipeline/data/
+    tool_math.py) is taught as that trajectory, built the way the multi-turn rollout builds one
+    (schedulers/trajectory.py): each model turn encoded on its own, each tool answer as the chat template renders
+    it (out of the loss: the model reads it, never learns to write it), then the ground truth as the last turn."""
+    from schedulers.trajectory import tool_answer_text
+
+    prompts = tokenizer.apply_chat_template([_question(row) for row in rows], add_generation_prompt=True,
                                             tokenize=False)
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    response_ids = tokenizer([row["ground_truth"] for row in rows], add_special_tokens=False)["input_ids"]
-    return [(prompt, response + [tokenizer.eos_token_id]) for prompt, response in zip(prompt_ids, response_ids,
-                                                                                       strict=True)]
+    encoded = []
+    for row, prompt in zip(rows, prompt_ids, strict=True):
+        response: list[int] = []
+        taught: list[int] = []
+        for message in row["messages"][len(_question(row)) :]:
+            if message["role"] == "tool":
+                ids = tokenizer.encode(tool_answer_text(tokenizer, message["content"], "template"),
+                                       add_special_tokens=False)
+            else:
+                ids = tokenizer.encode(message["content"], add_special_tokens=False)
+            response += ids
+            taught += [int(message["role"] != "tool")] * len(ids)
+        answer = tokenizer.encode(row["ground_truth"], add_special_tokens=False) + [tokenizer.eos_token_id]
+        encoded.append((prompt, response + answer, taught + [1] * len(answer)))
+    return encoded
 
 
-def _collate(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    length = max(len(prompt) + len(response) for prompt, response in batch)
+def _collate(batch: Sequence[tuple[list[int], list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    length = max(len(prompt) + len(response) for prompt, response, _ in batch)
     input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), length), -100, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
-    for i, (prompt, response) in enumerate(batch):
+    for i, (prompt, response, taught) in enumerate(batch):
         ids = prompt + response
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention_mask[i, : len(ids)] = 1
-        # Loss on the response only: the model should learn to answer, not to reproduce prompts.
-        labels[i, len(prompt) : len(ids)] = torch.tensor(response)
+        # Loss on the response only (the model should learn to answer, not to reproduce prompts), and there on
+        # the tokens it writes (not a tool's).
+        labels[i, len(prompt) : len(ids)] = torch.where(torch.tensor(taught, dtype=torch.bool),
+                                                        torch.tensor(response), -100)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
@@ -355,7 +386,8 @@ def _greedy_exact_match(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerF
                         batch_size: int = 64, max_new_tokens: int = 48) -> float:
     """Share of rows whose greedy response equals the ground truth exactly (whitespace-trimmed).
 
-    Exact match is stricter than the RL rewards (which check numbers or run asserts); it is only a build-time
+    A row taught as a trajectory counts when the response starts with the trajectory's first model turn (the
+    tool is not run here). Exact match is stricter than the RL rewards (which check numbers or run asserts); it is only a build-time
     sanity figure and keeps the builder free of code execution.
     """
     if not rows:
@@ -364,15 +396,22 @@ def _greedy_exact_match(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerF
     correct = 0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        prompts = [tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+        prompts = [tokenizer.apply_chat_template(_question(row), add_generation_prompt=True, tokenize=False)
                    for row in chunk]
         inputs = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         output = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         responses = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        correct += sum(response.strip() == row["ground_truth"].strip() for response, row in zip(responses, chunk, strict=True))
+        correct += sum(_taught_start(response, row) for response, row in zip(responses, chunk, strict=True))
     tokenizer.padding_side = "right"
     return correct / len(rows)
+
+
+def _taught_start(response: str, row: dict) -> bool:
+    turns = row["messages"][len(_question(row)) :]
+    if turns:
+        return response.startswith(turns[0]["content"])
+    return response.strip() == row["ground_truth"].strip()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 from roll_core.environment import Environment, EnvironmentUnavailable, EnvStep
 from workers.environments.registry import register_environment
 from workers.environments.tool_calls import CALL_FORMATS, cut, parse_call, replay_program
+from workers.rewards.sandbox.layers import IsolationUnavailable
 from workers.rewards.sandbox.process import OUTPUT_LIMIT, TIMEOUT, RunOutput, SandboxUnavailable
 
 
@@ -95,9 +96,7 @@ class PythonToolEnvironment(Environment):
                 options = {"sample_timeout_s": self.timeout_s, **self.sandbox, "timeout_s": self.timeout_s}
                 try:
                     self._runners[key] = CodeSandboxScorer(**options)
-                except (TypeError, ValueError):
-                    raise
-                except Exception as err:  # the host's isolation is short, the sandbox cannot start
+                except (IsolationUnavailable, SandboxUnavailable, OSError) as err:  # the host cannot sandbox
                     raise EnvironmentUnavailable(f"python environment: the sandbox cannot start: {err}") from err
             return self._runners[key]
 
