@@ -21,12 +21,11 @@ import argparse
 import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.harness import machine, wait_for_quiet
+from benchmarks.harness import add_run_options, machine, wait_for_quiet, work_folder
 from benchmarks.summary import spread
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,17 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 1, 2, 3])
     parser.add_argument("--config", type=Path, default=ROOT / "examples" / "math_code.yaml")
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
-                        help="keep the runs' outputs and MLflow store in DIR (default: a temporary folder, removed)")
-    parser.add_argument("--quiet-wait", type=float, default=60.0,
-                        help="seconds to wait for a quiet machine before each run (default: %(default)s)")
+    add_run_options(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     print(machine(), flush=True)
     print(f"{args.config} {' '.join(args.overrides)}; policy {build_of(args.config, args.overrides)}", flush=True)
     results: list[ScopeResult] = []
-    with tempfile.TemporaryDirectory(prefix="first-run-") as tmp:
-        work = args.keep or Path(tmp)
+    with work_folder(args.keep, "first-run-") as work:
         for seed in args.seeds:
             quiet = wait_for_quiet(args.quiet_wait)
             started = time.perf_counter()

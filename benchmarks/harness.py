@@ -4,10 +4,14 @@ through roll_pipeline.api."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import platform
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -50,6 +54,25 @@ def wait_for_quiet(timeout_s: float) -> str:
     if load < threshold:
         return f"quiet machine: load {load:.2f} < {threshold:.1f}"
     return f"NOT QUIET: load {load:.2f} >= {threshold:.1f} after waiting {timeout_s:.0f}s; figures are lower"
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """`--keep DIR` and `--quiet-wait S`, for the benchmarks that run the pipeline to its end, seed after seed."""
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="keep the runs' outputs and MLflow store in DIR (default: a temporary folder, removed)")
+    parser.add_argument("--quiet-wait", type=float, default=60.0,
+                        help="seconds to wait for a quiet machine before each run (default: %(default)s)")
+
+
+@contextlib.contextmanager
+def work_folder(keep: Path | None, prefix: str) -> Iterator[Path]:
+    """Where the runs write: `keep` (made if missing, left in place) or a temporary folder removed at the end."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
 
 
 def cpu_seconds() -> float:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.first_run import build_of
-from benchmarks.harness import machine, wait_for_quiet
+from benchmarks.harness import add_run_options, machine, wait_for_quiet, work_folder
 from benchmarks.summary import spread
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,10 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 1, 2])
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=list(SIDES))
-    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
-                        help="keep the runs' outputs and MLflow store in DIR (default: a temporary folder, removed)")
-    parser.add_argument("--quiet-wait", type=float, default=60.0,
-                        help="seconds to wait for a quiet machine before each run (default: %(default)s)")
+    add_run_options(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     print(machine(), flush=True)
@@ -119,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'seed':>5} {'side':<9} {'first':>6} {'last':>6} {'change':>7} {'calls':>6} {'s/1k tok':>8} "
           f"{'wall s':>7}  load", flush=True)
     runs = []
-    with tempfile.TemporaryDirectory(prefix="tool-math-") as tmp:
-        work = args.keep or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_folder(args.keep, "tool-math-") as work:
         for i, seed in enumerate(args.seeds):
             order = args.sides if i % 2 == 0 else args.sides[::-1]
             for side in order:

@@ -51,6 +51,13 @@ class Environment:
     def __init__(self, **options: object) -> None:
         refuse_unknown_options(self, options)
 
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The tools this environment answers, described for the prompt: function descriptions (a JSON schema
+        each, what transformers' ``apply_chat_template(tools=...)`` takes), which the domain's prompts then render
+        through the model's chat template (Qwen2.5-style templates list them in the system message). None (the
+        default): nothing is described, the model was taught its call format."""
+        return None
+
     def reset(self, row: Mapping[str, Any]) -> None:
         """A new trajectory for the data set's `row` (its prompt, ground truth and any fields of its own)."""
 

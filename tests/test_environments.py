@@ -341,3 +341,16 @@ def test_the_documented_multi_turn_config_loads():
     loaded = load_run_config(EXAMPLES / "math_code.yaml", [override]).config.rewards["math"].rollout
     assert (loaded.type, loaded.environment, loaded.max_turns, loaded.stop) == ("multi_turn", "python", 4, ["</python>"])
     assert loaded.environment_options == {"timeout_s": 5, "call_format": "plain"}
+
+
+@pytest.mark.parametrize("call_format", ["plain", "hermes"])
+def test_the_packaged_python_panel_passes_on_the_real_tool(make_env, call_format):
+    from workers.environments.audit import panel_for, panel_results, run_panel
+
+    make_env()  # skips where the host cannot isolate the sandbox
+    options = {"timeout_s": 5.0, "call_format": call_format}
+    items = panel_for("python", PythonToolEnvironment, options)
+    assert {i.kind for i in items} == {"answer", "error", "final"}
+    assert any(i.id.endswith("_isolated") for i in items)  # the sandbox's own layers, seen from inside
+    result = panel_results(items, run_panel(lambda: PythonToolEnvironment(**options), items))
+    assert result.failures == [] and result.passed == result.items == len(items)

@@ -436,6 +436,15 @@ class Echo(Environment):
         return EnvStep(observation="ok", tool_calls=1)
 
 
+#: GAE: the tiny model's groups may all score alike, and a critic's values give advantages anyway (so an update
+#: that moves the policy; the critic reads the tools' tokens too); uniform groups stay in the loss.
+GAE_WHATEVER_THE_SCORES = [
+    "adv_estimator=gae",
+    "rewards.math.group_filters={}",
+    "critic={training_args: {per_device_train_batch_size: 8, gradient_accumulation_steps: 2, learning_rate: 1e-3}}",
+]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["hf_infer", "vllm"])
 def test_a_real_pipeline_step_with_multi_turn_trajectories(tmp_path, tiny_model, engine, mlflow_db):
@@ -463,11 +472,7 @@ def test_a_real_pipeline_step_with_multi_turn_trajectories(tmp_path, tiny_model,
         *([EAGER] if engine == "vllm" else []),
         "infer_is_cap=2.0",  # actor_infer returns the sampled tokens' log-probs
         "rewards.math.rollout={type: multi_turn, environment: 'tests.test_multi_turn:Echo', max_turns: 3}",
-        # GAE: the tiny model's groups may all score alike, and a critic's values give advantages anyway (and
-        # the critic reads the tools' tokens too)
-        "adv_estimator=gae",
-        "rewards.math.group_filters={}",  # uniform groups stay in the loss
-        "critic={training_args: {per_device_train_batch_size: 8, gradient_accumulation_steps: 2, learning_rate: 1e-3}}",
+        *GAE_WHATEVER_THE_SCORES,
     ]
     start_local_ray(8, log_to_driver=False)
     pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))

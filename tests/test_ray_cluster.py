@@ -31,6 +31,7 @@ SMALL_RUN = [
     "eval_steps=0",
     "validation.eval_at_start=false",
     "actor_infer.generating_args.max_new_tokens=16",
+    "validation.max_prompts=16",  # per domain, at each run's end (all of them: ~450 prompts, code ones sandboxed)
 ]
 
 

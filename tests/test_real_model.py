@@ -131,6 +131,9 @@ def test_one_rl_step_of_the_real_model_example_then_serve_its_checkpoint(smollm2
             "run", str(EXAMPLES / "real_model.yaml"), "max_steps=1", "save_steps=1", "eval_steps=0",
             "validation.eval_at_start=false", "rollout_batch_size=4", "num_return_sequences_in_group=4",
             "actor_train.training_args.gradient_accumulation_steps=4", "actor_infer.generating_args.max_new_tokens=32",
+            # the validation at the end: a few prompts, short answers (its 32 x 128 greedy tokens were most of the
+            # test's time)
+            "validation.max_prompts=4", "validation.generating_args.max_new_tokens=16",
             # No group filters: every group trains (at 32 tokens most answers are cut and score 0, and a step
             # whose groups were all dropped would take no optimizer step), and no redraws cost generation time.
             "rewards.math.group_filters={}", "rewards.code.group_filters={}",

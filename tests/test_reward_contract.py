@@ -103,7 +103,9 @@ def test_roll_run_reads_and_tokenizes_its_data_once(tmp_path, tiny_model, mlflow
 
     encoded = []
     real = loading.encode_prompt
-    monkeypatch.setattr(loading, "encode_prompt", lambda tok, row, data: encoded.append(row["id"]) or real(tok, row, data))
+    monkeypatch.setattr(
+        loading, "encode_prompt", lambda tok, row, *args: encoded.append(row["id"]) or real(tok, row, *args)
+    )
     config = write_qa_run(tmp_path, tiny_model, {})
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from roll_pipeline.data.synthetic import _math_problem, generate_code, generate_math, main, write_example_data
+from roll_pipeline.data.synthetic import generate_code, generate_math, main, math_problem, write_example_data
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "examples" / "data"
@@ -50,8 +50,8 @@ def test_train_and_val_are_disjoint_and_large_enough(written):
     assert len(written["math_val"]) >= 200
     assert len(written["code_val"]) >= 100
     # a math problem is in one split only, whichever template renders it
-    train_problems = {_math_problem(row) for row in written["math_train"]}
-    assert not train_problems & {_math_problem(row) for row in written["math_val"]}
+    train_problems = {math_problem(row) for row in written["math_train"]}
+    assert not train_problems & {math_problem(row) for row in written["math_val"]}
     assert len(written["math_val"]) + len(written["code_val"]) >= 200
 
 

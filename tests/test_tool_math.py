@@ -31,10 +31,11 @@ def test_splits_are_disjoint_products_and_a_share_of_the_warm_up_calls_the_tool(
     train, val, warmup = (rows(name) for name in FILES)
     problems = [re.search(r"(\d+) \* (\d+)", r["messages"][0]["content"]).groups() for r in train + val + warmup]
     assert len(set(problems)) == len(problems) == 6200
-    for row, (a, b) in zip(train + val + warmup, problems, strict=True):
+    for i, (row, (a, b)) in enumerate(zip(train + val + warmup, problems, strict=True)):
         product = str(int(a) * int(b))
+        in_warmup = i >= len(train) + len(val)
         # RL's rows and the trajectories hold the product, the warm-up's direct answers the sentence they teach
-        assert row["ground_truth"] == (f"The answer is {product}." if row in warmup and len(row["messages"]) == 1
+        assert row["ground_truth"] == (f"The answer is {product}." if in_warmup and len(row["messages"]) == 1
                                        else product)
         assert row["tag"] == "mul" and 100 <= int(a) <= 999 and 100 <= int(b) <= 999
     assert all(len(r["messages"]) == 1 for r in train + val)

@@ -206,9 +206,15 @@ def prompt_messages(row: Mapping[str, Any], data: DataConfig) -> list[dict[str, 
     return [{"role": "user", "content": prompt}]
 
 
-def encode_prompt(tokenizer: Any, row: Mapping[str, Any], data: DataConfig) -> list[int]:
-    """Chat-template token ids of one row's prompt, ending where generation starts."""
-    ids = tokenizer.apply_chat_template(prompt_messages(row, data), add_generation_prompt=True, tokenize=True)
+def encode_prompt(
+    tokenizer: Any, row: Mapping[str, Any], data: DataConfig, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """Chat-template token ids of one row's prompt, ending where generation starts; `tools` (function
+    descriptions) rendered by the template's tools support."""
+    described = {"tools": tools} if tools else {}
+    ids = tokenizer.apply_chat_template(
+        prompt_messages(row, data), add_generation_prompt=True, tokenize=True, **described
+    )
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)
@@ -256,15 +262,19 @@ def fit_prompts(
     data: DataConfig,
     split: str,
     *,
+    tools: Mapping[str, list[dict[str, Any]]] | None = None,
     warn: bool = True,
 ) -> dict[str, DomainPrompts]:
-    """Encode each domain's prompts and apply `data.on_long_prompt` to those over `data.prompt_length`: an error
-    naming every such row's file, line and length, or leave them out, counted per domain (and logged unless
-    `warn` is off, for callers that report the counts themselves). A training domain left with no row is an
-    error."""
+    """Encode each domain's prompts (with the tools `tools` gives the domain described, require_tools_rendered)
+    and apply `data.on_long_prompt` to those over `data.prompt_length`: an error naming every such row's file,
+    line and length, or leave them out, counted per domain (and logged unless `warn` is off, for callers that
+    report the counts themselves). A training domain left with no row is an error."""
     out: dict[str, DomainPrompts] = {}
     for domain, rows in routed.items():
-        encoded = [encode_prompt(tokenizer, row, data) for row in rows]
+        described = (tools or {}).get(domain)
+        if described:
+            require_tools_rendered(tokenizer, domain, described)
+        encoded = [encode_prompt(tokenizer, row, data, described) for row in rows]
         long = [i for i, ids in enumerate(encoded) if len(ids) > data.prompt_length]
         if long and data.on_long_prompt == "error":
             raise _too_long([rows[i] for i in long], [len(encoded[i]) for i in long], data)
@@ -287,6 +297,22 @@ def fit_prompts(
         keep = sorted(set(range(len(rows))) - set(long))
         out[domain] = DomainPrompts([rows[i] for i in keep], [encoded[i] for i in keep], len(long))
     return out
+
+
+def require_tools_rendered(tokenizer: Any, domain: str, tools: list[dict[str, Any]]) -> None:
+    """A domain whose environment describes its tools needs a chat template that renders them: one that ignores
+    `tools` would leave the model with a call format nobody told it about."""
+    probe = [{"role": "user", "content": "?"}]
+    plain = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+    described = tokenizer.apply_chat_template(probe, tools=tools, add_generation_prompt=True, tokenize=False)
+    if described == plain:
+        names = ", ".join(repr(t.get("function", t).get("name")) for t in tools)
+        raise DataError(
+            f"rewards.{domain}.rollout: the environment describes its tools ({names}) for the prompt, but the chat "
+            f"template of {getattr(tokenizer, 'name_or_path', 'the model')} does not render tools; use a model "
+            "whose template has tools support, or a call format the model was taught (the python environment's "
+            "call_format: plain)"
+        )
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def _math_row(rng: random.Random) -> dict:
     return _row("math", tag, prompt, str(answer), "")
 
 
-def _math_problem(row: dict) -> str:
+def math_problem(row: dict) -> str:
     """The expression behind a math prompt, so that one problem never lands in both train and val."""
     prompt = row["messages"][0]["content"]
     for template in BARE_MATH_TEMPLATES:
@@ -188,7 +188,7 @@ def unique_rows(
 
 def generate_math(n: int, seed: int) -> list[dict]:
     """Return `n` math rows with distinct problems (not just prompts), fully determined by `seed`."""
-    return unique_rows(lambda rng, _: _math_row(rng), n, seed, "math", key=_math_problem)
+    return unique_rows(lambda rng, _: _math_row(rng), n, seed, "math", key=math_problem)
 
 
 def generate_code(n: int, seed: int) -> list[dict]:

@@ -21,7 +21,7 @@ import json
 import random
 from pathlib import Path
 
-from roll_pipeline.data.synthetic import BARE_MATH_TEMPLATES, _math_problem, unique_rows
+from roll_pipeline.data.synthetic import BARE_MATH_TEMPLATES, math_problem, unique_rows
 
 DOMAIN = "tool_math"
 TAG = "mul"
@@ -47,7 +47,7 @@ def _mul_row(rng: random.Random) -> dict:
 
 def generate_mul(n: int, seed: int) -> list[dict]:
     """`n` rows with distinct products to compute, fully determined by `seed`."""
-    return unique_rows(lambda rng, _: _mul_row(rng), n, seed, DOMAIN, key=_math_problem)
+    return unique_rows(lambda rng, _: _mul_row(rng), n, seed, DOMAIN, key=math_problem)
 
 
 def as_answer(row: dict) -> dict:
@@ -61,7 +61,7 @@ def as_answer(row: dict) -> dict:
 def as_tool_trajectory(row: dict) -> dict:
     """The row taught as a trajectory: the call, the tool's output (what print writes), then the product (right
     after the tool's answer: the shortest copy)."""
-    expression = _math_problem(row)
+    expression = math_problem(row)
     messages = [*row["messages"], {"role": "assistant", "content": call_text(expression)},
                 {"role": "tool", "content": f"{row['ground_truth']}\n"}]
     return {**row, "messages": messages}

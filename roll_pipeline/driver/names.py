@@ -85,6 +85,27 @@ def environment_problems(rollout: Any) -> Iterator[tuple[str, str]]:
         yield "environment_options", str(err)
 
 
+def domain_tools(cfg: PipelineConfig) -> dict[str, list[dict[str, Any]]]:
+    """Per domain, the tools its multi-turn environment describes for the prompt (Environment.tools), for the
+    domains whose environment describes any."""
+    from schedulers.multi_turn import ROLLOUTS
+    from workers.environments.registry import get_environment_cls
+
+    out = {}
+    for domain, reward in cfg.rewards.items():
+        rollout = reward.rollout
+        if not ROLLOUTS.traits(rollout.type).get("environment"):
+            continue
+        env = get_environment_cls(rollout.environment)(**rollout.environment_options)
+        try:
+            tools = env.tools()
+        finally:
+            env.close()
+        if tools:
+            out[domain] = tools
+    return out
+
+
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> ResolvedConfig:
     """The config a run uses: `load_config` with the names checked as well, every problem in one ConfigError."""
     return load_config(path, overrides, checks=(name_problems,))

@@ -31,7 +31,7 @@ from roll_core.tracking.spool import SPOOL_DIRNAME
 from roll_core.tracking.system import MemoryProbe
 from roll_pipeline.driver.loop_state import FirstValidation, LoopState, Rollout
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
-from roll_pipeline.driver.reward_audit import audit_plan, run_audit
+from roll_pipeline.driver.reward_audit import audit_plan, environment_plan, run_audit
 from roll_pipeline.driver.run_change import run_change
 from roll_pipeline.driver.run_state import restore_run, save_run, warn_config_changes
 from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
@@ -412,12 +412,14 @@ class RLVRPipeline:
         return metrics
 
     def audit_rewards(self) -> dict[str, float]:
-        """Every audited reward scores its panel on its live workers (roll_pipeline/driver/reward_audit.py); raises
-        `RewardAuditError` when a verdict is not the known one and reward_audit.on_change is `stop`."""
+        """Every audited reward scores its panel on its live workers, and every audited environment runs its panel
+        on its domain's scheduler (roll_pipeline/driver/reward_audit.py); raises `RewardAuditError` when a verdict
+        or an answer is not the known one and reward_audit.on_change is `stop`."""
         audit = self.cfg.reward_audit
         panels, judges = audit_plan(self.cfg)
         return run_audit(
-            self.loop.step, panels, judges, self.runtime.rewards, self.runtime.wait_for, audit.judge_items, audit.on_change
+            self.loop.step, panels, judges, self.runtime.rewards, self.runtime.wait_for, audit.judge_items,
+            audit.on_change, environments=environment_plan(self.cfg), schedulers=self.runtime.schedulers,
         )
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from roll_core.data.loading import (
     require_unique_ids,
 )
 from roll_core.models.embedded import build_hint
+from roll_pipeline.driver.names import domain_tools
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,7 @@ def preflight_with_data(resolved: ResolvedConfig, dry_run: bool = False) -> tupl
             ))
             tokenizer = None
     row_checks = _row_checks(cfg)
+    tools = domain_tools(cfg) if tokenizer is not None else {}
     prompts: dict[str, dict[str, DomainPrompts] | None] = {"train": None, "val": {}}
     for split, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files)):
         if not files:
@@ -178,7 +180,7 @@ def preflight_with_data(resolved: ResolvedConfig, dry_run: bool = False) -> tupl
                 f"{d}={len(r)}" for d, r in routed.items()
             )
             if tokenizer is not None:
-                prompts[split] = fit_prompts(tokenizer, routed, cfg.data, split, warn=False)
+                prompts[split] = fit_prompts(tokenizer, routed, cfg.data, split, tools=tools, warn=False)
                 dropped = {d: p.dropped for d, p in prompts[split].items()}
                 if any(dropped.values()):
                     counts = ", ".join(f"{d}={n}" for d, n in dropped.items())

@@ -4,7 +4,9 @@ item passes).
 
 Metrics, at step 0 and every `every_steps` steps: `reward_audit/<domain>/pass` (share of the panel that passed),
 `failed` and `masked`; for a domain of several rewards, `reward_audit/<domain>/<reward>/...`; for a judge domain
-`reward_audit/<domain>/judge_rule_agreement` and `judge_rule_items`. A failed item stops the run
+`reward_audit/<domain>/judge_rule_agreement` and `judge_rule_items`. A multi-turn domain whose environment has a
+panel (workers/environments/audit.py) runs it on its scheduler, where its trajectories' environments run:
+`reward_audit/<domain>/environment/pass`, `failed` and `unavailable`. A failed item stops the run
 (`on_change: stop`, the default) with an error naming each item, or is logged as a warning (`warn`).
 """
 
@@ -39,6 +41,32 @@ def audit_plan(cfg: Any) -> tuple[dict[tuple[str, str], list[AuditItem]], list[t
     return panels, judges
 
 
+def environment_plan(cfg: Any) -> dict[str, list[Any]]:
+    """Per multi-turn domain whose environment has an audit panel, the panel's items for its options."""
+    from schedulers.multi_turn import ROLLOUTS  # the module that registers the multi-turn rollout
+    from workers.environments.audit import panel_for as environment_panel_for
+    from workers.environments.registry import get_environment_cls
+
+    plan = {}
+    for domain in cfg.domain_interleave_probs:
+        rollout = cfg.rewards[domain].rollout
+        if not ROLLOUTS.traits(rollout.type).get("environment"):
+            continue
+        cls = get_environment_cls(rollout.environment)
+        items = environment_panel_for(rollout.environment, cls, rollout.environment_options)
+        if items:
+            plan[domain] = items
+    return plan
+
+
+def _result_metrics(prefix: str, result: Any, masked_name: str) -> dict[str, float]:
+    return {
+        f"{prefix}/pass": result.pass_rate,
+        f"{prefix}/failed": float(len(result.failures)),
+        f"{prefix}/{masked_name}": float(result.masked),
+    }
+
+
 def run_audit(
     step: int,
     panels: dict[tuple[str, str], list[AuditItem]],
@@ -47,9 +75,13 @@ def run_audit(
     wait_for: Any,
     judge_items: int,
     on_change: str,
+    environments: dict[str, list[Any]] | None = None,
+    schedulers: dict[str, Any] | None = None,
 ) -> dict[str, float]:
-    """Score every panel (and the judges' rule-checkable items) on the live workers; the metrics, or
-    `RewardAuditError` when an item failed and `on_change` is `stop`."""
+    """Score every panel (and the judges' rule-checkable items) on the live workers, and run each environment
+    panel (`environments`, per domain) on the domain's scheduler; the metrics, or `RewardAuditError` when an item
+    failed and `on_change` is `stop`."""
+    from workers.environments.audit import panel_results, run_panel_on_scheduler
     from workers.rewards.math_rule import MathRuleScorer
 
     math_items = rule_checkable(panel_for("math_rule"))[:judge_items]
@@ -62,6 +94,10 @@ def run_audit(
         refs.append(clusters[domain][label].workers[0].score_batch.remote([i.sample() for i in math_items]))
         names.append(f"reward_audit[{domain}/{label}] judge")
         jobs.append(("judge", domain, label, math_items))
+    for domain, items in (environments or {}).items():
+        refs.append(schedulers[domain].__ray_call__.remote(run_panel_on_scheduler, items))
+        names.append(f"reward_audit[{domain}] environment")
+        jobs.append(("environment", domain, "environment", items))
     results = wait_for(refs, names) if refs else []
     metrics: dict[str, float] = {}
     failures: list[str] = []
@@ -69,13 +105,13 @@ def run_audit(
     for (kind, domain, label, items), scored in zip(jobs, results, strict=True):
         several = len(clusters[domain]) > 1
         prefix = f"reward_audit/{domain}" + (f"/{label}" if several else "")
-        if kind == "panel":
+        if kind == "environment":
+            result = panel_results(items, scored)
+            metrics |= _result_metrics(f"reward_audit/{domain}/environment", result, "unavailable")
+            failures += [f"{domain} environment: {f}" for f in result.failures]
+        elif kind == "panel":
             result = audit_results(items, scored)
-            metrics |= {
-                f"{prefix}/pass": result.pass_rate,
-                f"{prefix}/failed": float(len(result.failures)),
-                f"{prefix}/masked": float(result.masked),
-            }
+            metrics |= _result_metrics(prefix, result, "masked")
             failures += [f"{domain}" + (f"/{label}" if several else "") + f": {f}" for f in result.failures]
         else:
             if rule is None:
@@ -86,7 +122,8 @@ def run_audit(
             metrics[f"{prefix}/judge_rule_items"] = float(count)
     if failures:
         message = (
-            f"reward audit at step {step}: {len(failures)} panel item(s) got a verdict other than the known one: "
+            f"reward audit at step {step}: {len(failures)} panel item(s) got a verdict or answer other than the "
+            "known one: "
             + "; ".join(failures[:8])
             + ("; ..." if len(failures) > 8 else "")
         )

@@ -42,11 +42,15 @@ LOCAL_RAY_SYSTEM_CONFIG = {"task_events_max_num_task_in_gcs": 2000, "worker_nice
 def load_run_data(tokenizer: Any, cfg: PipelineConfig) -> RunData:
     """The run's prompts, loaded and encoded before Ray starts, so that a prompt over data.prompt_length stops
     the run in seconds."""
+    from roll_pipeline.driver.names import domain_tools
+
     train_rows = load_domain_rows(cfg.data.train_files, cfg.rewards)
     require_rows(train_rows, cfg.rewards, cfg.data.train_files)
     val_rows = load_domain_rows(cfg.data.val_files, cfg.rewards) if cfg.data.val_files else {}
+    tools = domain_tools(cfg)
     return RunData(
-        fit_prompts(tokenizer, train_rows, cfg.data, "train"), fit_prompts(tokenizer, val_rows, cfg.data, "val")
+        fit_prompts(tokenizer, train_rows, cfg.data, "train", tools=tools),
+        fit_prompts(tokenizer, val_rows, cfg.data, "val", tools=tools),
     )
 
 

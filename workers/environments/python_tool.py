@@ -15,8 +15,9 @@ cannot start (EnvironmentUnavailable) masks the trajectory.
 
 Options (``rewards.<domain>.rollout.environment_options``):
 
-- ``call_format`` (``plain``): ``plain`` (``<python>...</python>``) or ``hermes`` (``<tool_call>`` JSON); see
-  workers/environments/tool_calls.py.
+- ``call_format`` (``plain``): ``plain`` (``<python>...</python>``, taught: the prompt does not describe it) or
+  ``hermes`` (``<tool_call>`` JSON, the prompt describes the tool through the chat template's ``tools`` support);
+  see workers/environments/tool_calls.py.
 - ``timeout_s`` (5.0): wall-clock limit of one call (its replay included).
 - ``max_output_chars`` (2000): the answer is cut there (the rollout also cuts its tokens at the rollout's
   ``max_tool_output_tokens``).
@@ -33,7 +34,7 @@ from typing import Any, ClassVar
 
 from roll_core.environment import Environment, EnvironmentUnavailable, EnvStep
 from workers.environments.registry import register_environment
-from workers.environments.tool_calls import CALL_FORMATS, cut, parse_call, replay_program
+from workers.environments.tool_calls import CALL_FORMATS, TOOL_DESCRIPTION, cut, parse_call, replay_program
 from workers.rewards.sandbox.layers import IsolationUnavailable
 from workers.rewards.sandbox.process import OUTPUT_LIMIT, TIMEOUT, RunOutput, SandboxUnavailable
 
@@ -107,6 +108,9 @@ class PythonToolEnvironment(Environment):
             for runner in cls._runners.values():
                 runner.close()
             cls._runners.clear()
+
+    def tools(self) -> list[dict[str, Any]] | None:
+        return [TOOL_DESCRIPTION] if self.call_format == "hermes" else None
 
     def reset(self, row: Mapping[str, Any]) -> None:
         self.cells = []

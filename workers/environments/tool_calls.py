@@ -16,7 +16,8 @@ there):
       {"name": "python", "arguments": {"code": "print(123 * 456)"}}
       </tool_call>
 
-  whose answer goes back through the template's ``tool`` role.
+  whose answer goes back through the template's ``tool`` role; the prompt describes the tool (TOOL_DESCRIPTION,
+  rendered by the template's ``tools`` support).
 
 A message that does not end with a call is the final answer. A call the tool cannot read (broken JSON, another
 tool's name, no code) is answered with what is wrong: the policy wrote it.
@@ -30,6 +31,22 @@ from dataclasses import dataclass
 CALL_FORMATS = ("plain", "hermes")
 TAGS = {"plain": ("<python>", "</python>"), "hermes": ("<tool_call>", "</tool_call>")}
 TOOL_NAME = "python"
+#: The python tool as a function description, for chat templates that list tools in the prompt (``hermes``).
+TOOL_DESCRIPTION = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": (
+            "Runs Python code in a sandbox and returns what it prints (a traceback's last line on an error). "
+            "The conversation's earlier calls run again first, so what they defined is defined."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "the Python code to run"}},
+            "required": ["code"],
+        },
+    },
+}
 
 
 @dataclass(frozen=True)
