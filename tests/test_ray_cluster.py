@@ -259,35 +259,12 @@ def test_dry_run_checks_every_node_and_names_the_one_without_the_files(tmp_path,
 
 
 @pytest.mark.slow
-def test_job_submission_ships_the_project_and_runs_the_example(tmp_path, tiny_model, user_cluster, mlflow_db):
-    out = tmp_path / "job"
-    dashboard = f"http://127.0.0.1:{user_cluster.dashboard_port}"
-    command = [
-        str(BIN / "ray"), "job", "submit", "--address", dashboard, "--working-dir", ".", "--",
-        "roll", "run", "examples/math_code.yaml", *SMALL_RUN, "max_steps=1",
-        f"pretrain={TINY_MODEL}", f"output_dir={out}", f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
-    ]
-    result = _submit(command)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert "finished 1 steps" in result.stdout
-    assert (out / "placement.json").is_file()
-    # The job's driver ran from Ray's copy of the working dir: the code it ran was shipped, not this checkout.
-    resolved = json.loads((out / "resolved_config.json").read_text())
-    assert "runtime_resources/working_dir_files" in resolved["config_path"]
-
-    # Without those two paths: Ray's copy holds no models/ (.gitignore), and an output_dir in it would be deleted.
-    bare = _submit([c for c in command if not c.startswith(("pretrain=", "output_dir="))])
-    assert bare.returncode != 0
-    assert "pretrain: " in bare.stdout and "ships what git tracks, not models/" in bare.stdout
-    assert "lies in Ray's copy of the job's working_dir, which Ray deletes" in bare.stdout
-
-
-@pytest.mark.slow
-def test_a_job_ships_its_module_path_reward_plugin_and_finds_installed_entry_point_ones(
+def test_a_job_ships_its_folder_with_a_module_path_reward_plugin_and_finds_installed_entry_point_ones(
     tmp_path, user_cluster, mlflow_db
 ):
     # A job folder of its own: a config whose math domain adds docs/reward-plugins.md's KeywordScorer by module
-    # path (a file that exists only in the folder Ray ships) and the plugin example's entry-point worker, pinned to the far node.
+    # path (a file that exists only in the folder Ray ships) and the plugin example's entry-point worker, pinned to
+    # the far node. (One job that trains is enough for what a job ships: the project itself is shipped below.)
     import yaml
 
     from tests.test_reward_plugins import code_blocks, plugin_page
@@ -315,6 +292,9 @@ def test_a_job_ships_its_module_path_reward_plugin_and_finds_installed_entry_poi
     ])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "finished 1 steps" in result.stdout
+    # The job's driver ran from Ray's copy of the working dir: the config it ran was shipped, not this folder.
+    resolved = json.loads((out / "resolved_config.json").read_text())
+    assert "runtime_resources/working_dir_files" in resolved["config_path"]
     placed = json.loads((out / "placement.json").read_text())["workers"]
     assert placed["reward_math_keyword"] == placed["reward_math_exact"] == [user_cluster.far_id]
     # each component scored: the run's MLflow records hold their metrics
@@ -323,6 +303,19 @@ def test_a_job_ships_its_module_path_reward_plugin_and_finds_installed_entry_poi
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name(raw["tracking"]["experiment_name"]).experiment_id])
     assert {"reward/math/keyword/score", "reward/math/exact/score"} <= set(run.data.metrics)
+
+
+@pytest.mark.slow
+def test_a_job_that_ships_the_project_is_told_what_git_does_not_ship(tmp_path, user_cluster):
+    # The project itself as the job's working dir, the example as it is: Ray's copy holds no models/ (.gitignore),
+    # and an output_dir inside that copy would be deleted with it. The checks stop the job before any actor starts.
+    result = _submit([
+        str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{user_cluster.dashboard_port}",
+        "--working-dir", ".", "--", "roll", "run", "examples/math_code.yaml", *SMALL_RUN, "max_steps=1",
+    ])
+    assert result.returncode != 0
+    assert "pretrain: " in result.stdout and "ships what git tracks, not models/" in result.stdout
+    assert "lies in Ray's copy of the job's working_dir, which Ray deletes" in result.stdout
 
 
 def _submit(command: list[str]) -> subprocess.CompletedProcess:
