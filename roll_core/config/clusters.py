@@ -59,6 +59,41 @@ class TrainingArgs:
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
 
 
+#: The linear layers of a Llama/Qwen2-style decoder block: attention's four projections and the MLP's three.
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraArgs:
+    """LoRA adapters (arXiv:2106.09685, with the `peft` package) on a trained cluster: the base weights stay frozen
+    and only the adapters (and, for the critic, its value head) are trained. The reference is then the base model
+    with the adapter disabled, computed by actor_train (no reference cluster, no second copy of the weights)."""
+
+    rank: int = 8
+    """The adapters' rank r (each targeted linear layer W gains B @ A, with A of r x in and B of out x r)."""
+    alpha: float = 16.0
+    """The adapters' scaling numerator: the update is (alpha / rank) * B @ A."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input while training (0: none, so that a training forward gives the same
+    log-probs as the generator's)."""
+    target_modules: tuple[str, ...] = LORA_DEFAULT_TARGETS
+    """Names (last component) of the linear layers that get an adapter."""
+
+    def validate(self) -> Iterator[tuple[str, str]]:
+        if type(self.rank) is not int or self.rank < 1:
+            yield "rank", f"must be a whole number >= 1, got {self.rank!r}"
+        if not self.alpha > 0:
+            yield "alpha", f"must be > 0, got {self.alpha}"
+        if not 0 <= self.dropout < 1:
+            yield "dropout", f"must be in [0, 1), got {self.dropout}"
+        if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
+            yield "target_modules", f"must be a non-empty list of layer names, got {list(self.target_modules)!r}"
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
 @dataclass(frozen=True, kw_only=True)
 class GeneratingArgs:
     max_new_tokens: int = 32
@@ -217,11 +252,15 @@ class ClusterConfig:
 class ActorTrainConfig(ClusterConfig):
     training_args: TrainingArgs = field(default_factory=TrainingArgs)
     strategy_args: StrategyArgs = field(default_factory=lambda: StrategyArgs(strategy_name="deepspeed_train"))
+    lora: LoraArgs | None = None
+    """Train LoRA adapters instead of the full weights (null: full weights). See LoraArgs."""
 
     def validate(self) -> Iterator[tuple[str, str]]:
         yield from super().validate()
         if self.strategy_args.strategy_name not in TRAIN_STRATEGIES:
             yield "strategy_args.strategy_name", f"must be one of {list(TRAIN_STRATEGIES)}"
+        if self.lora is not None and self.zero_stage == 3:
+            yield "lora", "LoRA runs with DeepSpeed ZeRO stages 0-2 (zero_optimization.stage 3 shards the frozen base too)"
 
     @property
     def zero_stage(self) -> int:

@@ -162,6 +162,28 @@ class PipelineConfig:
             yield "ppo_epochs", "must be >= 1"
         yield from self._validate_algorithms()
         yield from self._validate_batch_division()
+        yield from self._validate_lora()
+
+    def _validate_lora(self) -> Iterator[tuple[str, str]]:
+        if self.actor_train.lora is None:
+            return
+        if self.actor_infer.strategy_args.strategy_name == "vllm":
+            yield (
+                "actor_train.lora",
+                "LoRA training syncs its adapters to the hf_infer generator only for now; vLLM's adapter loading "
+                "is not wired yet (set actor_infer.strategy_args.strategy_name: hf_infer)",
+            )
+
+        base = self.actor_train.model_args.model_name_or_path or self.pretrain
+        for section in ("actor_infer", "reference") if self.needs_reference else ("actor_infer",):
+            theirs = getattr(self, section).model_args.model_name_or_path or self.pretrain
+            if theirs != base:
+                role = "which is also the reference" if section == "reference" else "which generates with them"
+                yield (
+                    f"{section}.model_args.model_name_or_path",
+                    f"must be actor_train's model ({base!r}) with actor_train.lora: the adapters train on that base "
+                    f"model, {role}; got {theirs!r}",
+                )
 
     def _validate_algorithms(self) -> Iterator[tuple[str, str]]:
         # The names (adv_estimator, policy_loss, ...) and what they need (a critic) are checked against their
@@ -265,7 +287,7 @@ class PipelineConfig:
             return False
         if infer.devices is None:
             return 0 < infer.num_gpus_per_worker < 1
-        others = [self.actor_train, self.reference if self.needs_reference else None, self.critic]
+        others = [self.actor_train, self.reference if self.reference_cluster else None, self.critic]
         return any(set(infer.devices) & set(s.devices or []) for s in others if s is not None)
 
     @property
@@ -282,6 +304,13 @@ class PipelineConfig:
     def needs_reference(self) -> bool:
         """The KL loss or the KL reward penalty needs the reference policy's log-probs."""
         return self.use_kl_loss or self.add_token_level_kl
+
+    @property
+    def reference_cluster(self) -> bool:
+        """Whether the run starts a reference cluster: the reference is needed and actor_train trains full weights.
+        With LoRA adapters (actor_train.lora) the reference is the base model with the adapter disabled, and
+        actor_train computes its log-probs (no second copy of the weights)."""
+        return self.needs_reference and self.actor_train.lora is None
 
     def _validate_domains(self) -> Iterator[tuple[str, str]]:
         probs = self.domain_interleave_probs

@@ -163,7 +163,7 @@ def plan_devices(demands: Sequence[ClusterDemand], gpus_per_node: int) -> Device
 def running_sections(cfg: Any) -> list[tuple[str, Any]]:
     """(name, section) of the model clusters a run of `cfg` (a PipelineConfig) starts, in start order."""
     sections = [("actor_train", cfg.actor_train), ("actor_infer", cfg.actor_infer)]
-    if cfg.needs_reference:
+    if cfg.reference_cluster:
         sections.append(("reference", cfg.reference))
     if needs_critic(cfg.adv_estimator) and cfg.critic is not None:
         sections.append(("critic", cfg.critic))

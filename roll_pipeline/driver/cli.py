@@ -141,6 +141,19 @@ def cmd_model_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_merge(args: argparse.Namespace) -> int:
+    from roll_pipeline.models.tiny import weights_sha256
+    from workers.strategies.lora import AdapterFolderError, merge_adapter
+
+    try:
+        base = merge_adapter(args.adapter, args.out, args.base)
+    except AdapterFolderError as exc:
+        error(str(exc))
+        return EXIT_USAGE
+    echo(f"{args.adapter} merged into {base}, written at {args.out} (weights sha256 {weights_sha256(Path(args.out))})")
+    return 0
+
+
 def cmd_model_from_gguf(args: argparse.Namespace) -> int:
     from roll_core.models.pretrained import FetchError, write_hf_folder
     from roll_pipeline.models.tiny import weights_sha256
@@ -264,6 +277,18 @@ def build_parser() -> argparse.ArgumentParser:
     from_gguf.add_argument("gguf_file")
     from_gguf.add_argument("out", metavar="OUT_DIR")
     from_gguf.set_defaults(func=cmd_model_from_gguf)
+
+    merge = model.add_parser(
+        "merge",
+        help="write a LoRA adapter and its base model as one Hugging Face folder",
+        description="ADAPTER is a peft adapter folder, or a checkpoint of a run with actor_train.lora (step_<N> or "
+        "step_<N>/actor_train, whose lora_adapter/ it takes). The base model is the one the adapter names, "
+        "unless --base gives another folder. (A checkpoint's hf_model/ is this merge already.)",
+    )
+    merge.add_argument("adapter", metavar="ADAPTER")
+    merge.add_argument("out", metavar="OUT_DIR")
+    merge.add_argument("--base", default=None, help="the base model's folder")
+    merge.set_defaults(func=cmd_model_merge)
 
     tiny = model.add_parser("build-tiny", help="build (or reuse) a tiny model from any training files")
     tiny.add_argument("--out", default="examples/models/tiny-qwen2")

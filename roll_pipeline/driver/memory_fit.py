@@ -56,7 +56,7 @@ def needs(cfg) -> list[Need]:
     out = []
     for name in ("actor_train", "critic", "actor_infer", "reference"):
         section = getattr(cfg, name, None)
-        if section is None or (name == "reference" and not cfg.needs_reference):
+        if section is None or (name == "reference" and not cfg.reference_cluster):
             continue
         params = parameter_count(Path(section.model_args.model_name_or_path))
         if params is None:

@@ -106,6 +106,20 @@ def start_local_ray(num_cpus: int, *, num_gpus: int | None = None, log_to_driver
     )
 
 
+class ReferenceOnTrainer:
+    """The reference where actor_train trains LoRA adapters (cfg.reference_cluster false): the base model is the
+    reference, and actor_train computes its log-probs with the adapter disabled. Stands where a reference cluster
+    would (the driver asks both for `compute_log_probs`), with no workers of its own."""
+
+    def __init__(self, actor_train: Cluster) -> None:
+        self.actor_train = actor_train
+
+    def dispatch(self, method: str, batch: Any) -> list[Any]:
+        if method != "compute_log_probs":
+            raise AttributeError(f"the reference on actor_train's base model has no {method!r}")
+        return self.actor_train.dispatch("compute_ref_log_probs", batch)
+
+
 class ClusterRuntime:
     """What a run runs on, held by `RLVRPipeline` (its `runtime`): Ray, every cluster of workers and the
     domains' schedulers. Starts them (`start_clusters`, `start_schedulers`), waits on their calls within the
@@ -118,7 +132,7 @@ class ClusterRuntime:
         self.device_pool: DevicePool | None = None
         self.actor_train: Cluster | None = None
         self.actor_infer: Cluster | None = None
-        self.reference: Cluster | None = None
+        self.reference: Cluster | ReferenceOnTrainer | None = None
         self.critic: Cluster | None = None
         self.rewards: dict[str, dict[str, Cluster]] = {}
         """Per domain, its reward clusters by component label."""
@@ -185,6 +199,8 @@ class ClusterRuntime:
             if stage == ["actor_infer"] and len(stages) > 1:  # vLLM first, alone, then asleep (start_stages)
                 self.wait_started([self.actor_infer])
                 self.actor_infer.call("offload", False)
+        if cfg.needs_reference and not cfg.reference_cluster:  # LoRA: the base model is the reference
+            self.reference = ReferenceOnTrainer(self.actor_train)
         self.rewards = {
             domain: {c.label: self._reward_cluster(domain, c, len(cfg.rewards[domain].components()) > 1)
                      for c in cfg.rewards[domain].components()}
@@ -283,7 +299,7 @@ class ClusterRuntime:
     def clusters(self) -> list[Cluster]:
         """Every cluster started: actor_train, actor_infer, the reference and critic where there are, the rewards."""
         trained_and_infer = [self.actor_train, self.actor_infer, self.reference, self.critic]
-        return [c for c in trained_and_infer if c is not None] + self.reward_clusters()
+        return [c for c in trained_and_infer if isinstance(c, Cluster)] + self.reward_clusters()
 
     def trained_clusters(self) -> list[Cluster]:
         """The clusters that hold training state: actor_train, and the critic where there is one."""

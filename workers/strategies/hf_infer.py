@@ -9,10 +9,12 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from roll_core.config import ClusterConfig, GeneratingArgs
+from roll_core.config.clusters import LoraArgs
 from roll_core.models.forward import batched_log_probs
 from roll_core.models.sampling import SamplingDistribution
 from workers.devices import worker_device
 from workers.strategies.loading import eos_token_ids, load_causal_lm, load_tokenizer
+from workers.strategies.lora import load_adapter_state, with_lora
 
 
 def truncate_at_eos(responses: torch.Tensor, eos_ids: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -135,11 +137,23 @@ class HFInferStrategy:
     """A transformers model on this worker's device (workers/devices.py): prompts go there, results come back
     on the CPU."""
 
-    def __init__(self, config: ClusterConfig, device: torch.device | str | None = None, name: str = "hf_infer") -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        device: torch.device | str | None = None,
+        name: str = "hf_infer",
+        lora: LoraArgs | None = None,
+    ) -> None:
+        """`lora`: the trained policy's adapters (actor_train.lora): the model gets the same adapters, and a weight
+        sync brings the adapters alone."""
         self.config = config
         self.device = torch.device(device) if device is not None else worker_device(config, name)
         self.tokenizer = load_tokenizer(config.model_args)
-        self.model = load_causal_lm(config.model_args).eval().to(self.device)
+        model = load_causal_lm(config.model_args)
+        self.lora = lora
+        if lora is not None:
+            model = with_lora(model, lora)
+        self.model = model.eval().to(self.device)
         self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id
         self.asleep = False
@@ -237,4 +251,7 @@ class HFInferStrategy:
         return batched_log_probs(self.model, batch, self.config.infer_batch_size, sampling)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        if self.lora is not None:  # the adapters alone: the base weights never change
+            load_adapter_state(self.model, state_dict)
+            return
         self.model.load_state_dict(state_dict)  # copies into the parameters wherever they are
