@@ -10,7 +10,6 @@ moves the adapters, never the base weights, which never change. The reference is
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 from collections.abc import Mapping
 
@@ -87,12 +86,32 @@ def is_lora(model: torch.nn.Module) -> bool:
 ADAPTER_FOLDER = "lora_adapter"
 
 
+def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The merged model's weights (base + (alpha / rank) * B @ A) on the CPU, by the base model's own names, one
+    layer's delta at a time: neither the trained model nor a copy of it on its device is changed or made (a GPU
+    holding the policy has no room for a second one)."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    merged: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name or tensor.data_ptr() in seen:  # a tied weight (lm_head) is saved once, as from_pretrained
+            continue                                        # expects it
+        seen.add(tensor.data_ptr())
+        merged[name.replace(".base_layer.", ".")] = tensor.detach().to("cpu", copy=True)
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            with torch.no_grad():
+                merged[f"{name}.weight"] += module.get_delta_weight("default").to("cpu")
+    return merged
+
+
 def save_lora(model: torch.nn.Module, folder: str) -> None:
-    """The adapters to `folder`/lora_adapter and the merged weights (base + (alpha / rank) * B @ A) to
-    `folder`/hf_model, from a copy: the trained model keeps its adapters unmerged."""
+    """The adapters to `folder`/lora_adapter and the merged weights to `folder`/hf_model; the trained model keeps
+    its adapters unmerged."""
     model.save_pretrained(os.path.join(folder, ADAPTER_FOLDER))
-    merged = copy.deepcopy(model).to("cpu").merge_and_unload()
-    merged.save_pretrained(os.path.join(folder, "hf_model"))
+    model.get_base_model().save_pretrained(os.path.join(folder, "hf_model"), state_dict=merged_state(model))
 
 
 class AdapterFolderError(ValueError):
