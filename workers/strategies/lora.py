@@ -41,8 +41,7 @@ def with_lora(model: torch.nn.Module, lora: LoraArgs, task_type: str = CAUSAL_LM
     from peft import get_peft_model
 
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [m for m in lora.target_modules if m not in names]
-    if len(missing) == len(lora.target_modules):
+    if not names & set(lora.target_modules):
         raise ValueError(
             f"lora.target_modules: none of {list(lora.target_modules)} is a layer of this model "
             f"({type(model).__name__}); its linear layers are {sorted(linear_layer_names(model))}"
@@ -75,10 +74,6 @@ def load_adapter_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
         )
     with torch.no_grad():
         set_peft_model_state_dict(model, dict(state))
-
-
-def is_lora(model: torch.nn.Module) -> bool:
-    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
 #: Where a checkpoint keeps the adapters (peft's own folder: adapter_config.json and the adapter's weights), beside
