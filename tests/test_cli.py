@@ -82,6 +82,7 @@ def test_data_generate_writes_files(tmp_path, capsys):
         "math_train.jsonl", "math_val.jsonl", "code_train.jsonl", "code_val.jsonl",
         "word_problems_train.jsonl", "word_problems_val.jsonl",
         "tool_math_train.jsonl", "tool_math_val.jsonl", "tool_math_warmup.jsonl",
+        "arithmetic_train.jsonl", "arithmetic_val.jsonl",
     }
 
 

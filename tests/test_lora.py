@@ -243,8 +243,8 @@ def test_lora_keys_are_checked_and_name_the_key(tiny_model):
         assert key in message, message
     with pytest.raises(ConfigError, match="actor_train.lora.ranks: unknown key"):
         load_config(EXAMPLES / "math_code.yaml", ["actor_train.lora={ranks: 4}"])
-    with pytest.raises(ConfigError, match="actor_train.lora: LoRA training syncs its adapters to the hf_infer"):
-        load_config(EXAMPLES / "math_code.yaml", [LORA, "actor_infer.strategy_args.strategy_name=vllm"])
+    with pytest.raises(ConfigError, match="actor_train.lora.rank: vLLM serves adapters up to rank 512, got 1024"):
+        load_config(EXAMPLES / "math_code.yaml", ["actor_train.lora={rank: 1024}", "actor_infer.strategy_args.strategy_name=vllm"])
     with pytest.raises(ConfigError, match="reference.model_args.model_name_or_path: must be actor_train's model"):
         load_config(EXAMPLES / "math_code.yaml", [LORA, "use_kl_loss=true", "reference.model_args.model_name_or_path=x"])
     with pytest.raises(ConfigError, match="actor_train.lora: LoRA runs with DeepSpeed ZeRO stages 0-2"):

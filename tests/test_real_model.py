@@ -88,6 +88,9 @@ def test_models_too_large_for_the_host_are_refused_with_each_clusters_share(smol
     gpu = load_config(EXAMPLES / "real_model.yaml", ["actor_train.num_gpus_per_worker=0.25"]).config
     (problem,) = memory_fit.gpu_problems(gpu, 4 * memory_fit.GIB)
     assert problem.startswith("actor_train: each worker needs at least 2.0 GiB") and "1.0 GiB" in problem
+    # LoRA freezes the base: actor_train holds its weights (4 B each), not gradients and moments for them.
+    lora = load_config(EXAMPLES / "real_model_lora.yaml").config
+    assert memory_fit.total_bytes(lora) == 134_515_008 * (4 + 4)
 
 
 @pytest.mark.slow

@@ -86,6 +86,51 @@ def test_model_path_errors_say_what_is_missing(tiny_model, tmp_path):
         resolve_model_path(tiny_model, tokenizer=tmp_path)
 
 
+def _adapter_folder(tiny_model: Path, folder: Path):
+    """A LoRA adapter on the tiny model, as peft saves it (its config names the base), with drawn B matrices so
+    that it changes the model; returns the adapted model, unmerged."""
+    from transformers import AutoModelForCausalLM
+
+    from roll_core.config.clusters import LoraArgs
+    from workers.strategies.lora import with_lora
+
+    model = with_lora(AutoModelForCausalLM.from_pretrained(tiny_model), LoraArgs(rank=4, alpha=8.0)).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(folder)
+    return model
+
+
+def test_a_lora_adapter_folder_is_served_on_its_base(tiny_model, tmp_path):
+    adapted = _adapter_folder(tiny_model, tmp_path / "adapter")
+    assert resolve_model_path(tmp_path / "adapter") == ServedModel(tiny_model, tiny_model, tmp_path / "adapter")
+    engine = Engine(resolve_model_path(tmp_path / "adapter"))
+    ids = torch.tensor([engine.chat_prompt(MATH)])
+    with torch.no_grad():
+        served, expected = engine.strategy.model(ids).logits, adapted(ids).logits
+        base = Engine(resolve_model_path(tiny_model)).strategy.model(ids).logits
+    assert float((served - expected).abs().max()) < 1e-4  # base + adapter (merged once at load)
+    assert float((base - expected).abs().max()) > 1e-2  # and not the base alone
+    command = vllm_command(resolve_model_path(tmp_path / "adapter"), name="mine", host="h", port=1, dtype=None, extra=[])
+    assert command[command.index("--served-model-name") + 1] == "mine-base"
+    assert command[command.index("--lora-modules") + 1] == f"mine={tmp_path / 'adapter'}"
+    assert command[command.index("--max-lora-rank") + 1] == "8" and "--enable-lora" in command
+
+
+def test_an_adapter_whose_base_is_not_here_names_the_base_flag(tiny_model, tmp_path):
+    _adapter_folder(tiny_model, tmp_path / "adapter")
+    config = tmp_path / "adapter" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": "/gone"}))
+    with pytest.raises(ModelPathError, match="base model /gone is not a model folder here: name the base with --base"):
+        resolve_model_path(tmp_path / "adapter")
+    assert resolve_model_path(tmp_path / "adapter", base=tiny_model).weights == tiny_model
+    with pytest.raises(ModelPathError, match="--base is for a LoRA adapter folder"):
+        resolve_model_path(tiny_model, base=tiny_model)
+
+
 def test_vllm_engine_command_and_a_clear_error_without_vllm(tiny_model, capsys, monkeypatch):
     served = ServedModel(Path("/ckpt/hf_model"), Path("/base"))
     command = vllm_command(

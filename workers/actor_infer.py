@@ -30,7 +30,7 @@ def make_infer_strategy(pipeline_config: PipelineConfig):
     if name == "vllm":
         from workers.strategies.vllm_infer import VLLMInferStrategy
 
-        return VLLMInferStrategy(section)
+        return VLLMInferStrategy(section, lora=pipeline_config.actor_train.lora)
     from workers.strategies.hf_infer import HFInferStrategy
 
     return HFInferStrategy(section, name="actor_infer", lora=pipeline_config.actor_train.lora)

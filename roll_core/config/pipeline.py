@@ -167,13 +167,8 @@ class PipelineConfig:
     def _validate_lora(self) -> Iterator[tuple[str, str]]:
         if self.actor_train.lora is None:
             return
-        if self.actor_infer.strategy_args.strategy_name == "vllm":
-            yield (
-                "actor_train.lora",
-                "LoRA training syncs its adapters to the hf_infer generator only for now; vLLM's adapter loading "
-                "is not wired yet (set actor_infer.strategy_args.strategy_name: hf_infer)",
-            )
-
+        if self.actor_infer.strategy_args.strategy_name == "vllm" and self.actor_train.lora.rank > 512:
+            yield "actor_train.lora.rank", f"vLLM serves adapters up to rank 512, got {self.actor_train.lora.rank}"
         base = self.actor_train.model_args.model_name_or_path or self.pretrain
         for section in ("actor_infer", "reference") if self.needs_reference else ("actor_infer",):
             theirs = getattr(self, section).model_args.model_name_or_path or self.pretrain

@@ -199,6 +199,7 @@ def cmd_model_build(args: argparse.Namespace) -> int:
 
 
 def cmd_data_generate(args: argparse.Namespace) -> int:
+    from roll_pipeline.data.arithmetic_facts import write_arithmetic_facts
     from roll_pipeline.data.synthetic import write_example_data
     from roll_pipeline.data.tool_math import write_tool_math_data
     from roll_pipeline.data.word_problems import write_word_problems
@@ -206,6 +207,7 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
     written = write_example_data(Path(args.out), seed=args.seed)
     written |= write_word_problems(Path(args.out), seed=args.seed)
     written |= write_tool_math_data(Path(args.out), seed=args.seed)
+    written |= write_arithmetic_facts(Path(args.out), seed=args.seed)
     for name, path in written.items():
         echo(f"{name}: {path}")
     return 0

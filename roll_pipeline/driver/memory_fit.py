@@ -2,7 +2,8 @@
 
 Each worker holds at least its model's weights; a trained one (actor_train, critic) also gradients and AdamW's two
 moments, 16 bytes per parameter in all with float32 or mixed precision (ZeRO stage 1 shards the optimizer states
-over the cluster's ranks, stage 2 the gradients too, stage 3 the weights too). Activations and the KV cache come on
+over the cluster's ranks, stage 2 the gradients too, stage 3 the weights too); with LoRA the base is frozen and
+counts its weights only. Activations and the KV cache come on
 top, so these are lower bounds: a run they do not fit cannot work. A CPU-only run on this host must hold every
 worker in this host's memory; a GPU worker must hold its own states in its share of one GPU (checked where the
 driver sees the GPUs).
@@ -62,7 +63,11 @@ def needs(cfg) -> list[Need]:
         if params is None:
             continue
         weight_bytes = BYTES[section.model_args.dtype]
-        if name in ("actor_train", "critic"):
+        if name in ("actor_train", "critic") and getattr(section, "lora", None) is not None:
+            # A frozen base: its weights alone; the adapters' gradients and moments are a small fraction on top.
+            per_worker = params * weight_bytes
+            what = f"{params / 1e6:.1f}M frozen parameters x {weight_bytes} B (LoRA: only the adapters train)"
+        elif name in ("actor_train", "critic"):
             stage, ranks = section.zero_stage, section.world_size
             per_param = ADAM_AND_GRADS_BYTES
             sharded = {0: 0, 1: 12, 2: 12 + weight_bytes, 3: per_param}[min(stage, 3)]

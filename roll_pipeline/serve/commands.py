@@ -33,15 +33,30 @@ def vllm_command(
         "--tokenizer",
         str(served.tokenizer),
         "--served-model-name",
-        name,
+        f"{name}-base" if served.adapter is not None else name,
         "--host",
         host,
         "--port",
         str(port),
         "--dtype",
         dtype or "auto",
+        *_vllm_lora_args(served, name),
         *extra,
     ]
+
+
+def _vllm_lora_args(served: ServedModel, name: str) -> list[str]:
+    """vLLM's flags that serve `served.adapter` on its base under `name` (the base itself answers to
+    `<name>-base`, vLLM's --served-model-name); none without an adapter."""
+    if served.adapter is None:
+        return []
+    import json
+
+    from workers.strategies.lora import vllm_max_lora_rank
+
+    rank = int(json.loads((served.adapter / "adapter_config.json").read_text()).get("r", 8))
+    return ["--enable-lora", "--max-lora-rank", str(vllm_max_lora_rank(rank)), "--lora-modules",
+            f"{name}={served.adapter}"]
 
 
 def _api_key(env_name: str | None) -> str | None:
@@ -76,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from workers.inference.model_path import ModelPathError, resolve_model_path
 
     try:
-        served = resolve_model_path(args.model_path, args.tokenizer)
+        served = resolve_model_path(args.model_path, args.tokenizer, args.base)
         api_key = _api_key(args.api_key_env)
     except (ModelPathError, ValueError) as err:
         error(str(err))
@@ -98,7 +113,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.torch_threads)
     engine = Engine(served, dtype=args.dtype or "float32", max_batch_sequences=args.max_batch_size)
     app = create_app(engine, name, api_key=api_key, default_max_tokens=args.default_max_tokens)
-    echo(f"serving {served.weights} as {name!r} on http://{args.host}:{args.port}/v1")
+    what = f"{served.weights} with the LoRA adapter {served.adapter}" if served.adapter else str(served.weights)
+    echo(f"serving {what} as {name!r} on http://{args.host}:{args.port}/v1")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0
 
@@ -127,7 +143,8 @@ def add_commands(sub: argparse._SubParsersAction, model: argparse._SubParsersAct
         "serve",
         help="serve a model or a run's checkpoint over an OpenAI-compatible HTTP API",
         description="Serve MODEL_PATH (a Hugging Face folder, or a run's output folder, checkpoints/, "
-        "step_<N>, actor_train or hf_model) with /v1/chat/completions, /v1/completions, /v1/models and "
+        "step_<N>, actor_train or hf_model; or a LoRA adapter folder, served on its base) with "
+        "/v1/chat/completions, /v1/completions, /v1/models and "
         "/health.",
     )
     serve.add_argument("model_path", metavar="MODEL_PATH")
@@ -138,6 +155,9 @@ def add_commands(sub: argparse._SubParsersAction, model: argparse._SubParsersAct
     )
     serve.add_argument(
         "--tokenizer", default=None, help="tokenizer folder, for a checkpoint whose run is gone"
+    )
+    serve.add_argument(
+        "--base", default=None, help="base model folder of a LoRA adapter folder (default: the one it names)"
     )
     serve.add_argument(
         "--dtype",

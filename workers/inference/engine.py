@@ -258,6 +258,11 @@ class Engine:
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
+        if served.adapter is not None:  # base + adapter, merged once: generation then costs what the base costs
+            from peft import PeftModel
+
+            adapted = PeftModel.from_pretrained(self.strategy.model, str(served.adapter))
+            self.strategy.model = adapted.merge_and_unload().eval()
         self.tokenizer = self.strategy.tokenizer
         self.eos_ids = frozenset(self.strategy.eos_ids)
         self.context_length: int | None = getattr(self.strategy.model.config, "max_position_embeddings", None)

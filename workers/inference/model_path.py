@@ -7,6 +7,10 @@ A run writes ``<output_dir>/checkpoints/step_<N>/actor_train/`` with DeepSpeed's
 folder, ``checkpoints`` (the ``latest`` step), ``step_<N>``, ``actor_train`` or ``hf_model``. The tokenizer
 then comes from the folder the run started from (``actor_train.model_args.model_name_or_path`` in the run's
 ``resolved_config.json``) unless one is given.
+
+MODEL_PATH may also be a bare LoRA adapter folder (``adapter_config.json`` and the adapter's weights, as peft
+saves it and a LoRA run keeps in ``lora_adapter/``): the base model it names (or ``--base``) is served with the
+adapter on top. A LoRA run's checkpoint levels above ``lora_adapter/`` serve its merged ``hf_model/``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class ServedModel:
     weights: Path
     #: Folder the tokenizer loads from (the weights' folder for a plain Hugging Face model).
     tokenizer: Path
+    #: A LoRA adapter folder served on top of `weights` (its base model), or None.
+    adapter: Path | None = None
 
 
 def has_tokenizer(folder: Path) -> bool:
@@ -79,14 +85,42 @@ def _run_tokenizer(weights: Path) -> Path | None:
     return None
 
 
-def resolve_model_path(path: str | Path, tokenizer: str | Path | None = None) -> ServedModel:
-    """The weights and tokenizer folders that MODEL_PATH (and ``--tokenizer``) name; see the module
-    docstring."""
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def _adapter_base(adapter: Path, base: str | Path | None) -> Path:
+    """The base model folder of a bare adapter folder: `base`, else the one its adapter_config.json names."""
+    if base is None:
+        try:
+            base = json.loads((adapter / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+        except ValueError as err:
+            raise ModelPathError(f"{adapter / ADAPTER_CONFIG} is not valid JSON: {err}") from err
+    if not base or not (Path(base) / CONFIG_FILE).is_file():
+        raise ModelPathError(
+            f"{adapter} is a LoRA adapter whose base model {str(base) if base else '(not named)'} is not a model "
+            "folder here: name the base with --base PATH"
+        )
+    return Path(base)
+
+
+def resolve_model_path(
+    path: str | Path, tokenizer: str | Path | None = None, base: str | Path | None = None
+) -> ServedModel:
+    """The weights and tokenizer folders that MODEL_PATH (and ``--tokenizer``, ``--base`` for an adapter) name;
+    see the module docstring."""
     path = Path(path)
     if not path.exists():
         build = build_hint(path)
         raise ModelPathError(f"model path {path} does not exist" + (f" ({build})" if build else ""))
-    weights = _weights_folder(path)
+    adapter = path if (path / ADAPTER_CONFIG).is_file() and not (path / CONFIG_FILE).is_file() else None
+    if base is not None and adapter is None:
+        raise ModelPathError(f"--base is for a LoRA adapter folder ({ADAPTER_CONFIG}); {path} is none")
+    weights = _adapter_base(adapter, base) if adapter is not None else _weights_folder(path)
+    served = _with_tokenizer(weights, tokenizer)
+    return ServedModel(served.weights, served.tokenizer, adapter)
+
+
+def _with_tokenizer(weights: Path, tokenizer: str | Path | None) -> ServedModel:
     if tokenizer is not None:
         tokenizer_dir = Path(tokenizer)
         if not has_tokenizer(tokenizer_dir):

@@ -76,6 +76,30 @@ def load_adapter_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
         set_peft_model_state_dict(model, dict(state))
 
 
+#: The ranks vLLM's engine can be sized for (`max_lora_rank`); an adapter of a smaller rank fits a larger slot.
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds adapters of `rank`; ValueError above its largest."""
+    for slot in VLLM_MAX_LORA_RANKS:
+        if rank <= slot:
+            return slot
+    raise ValueError(f"lora.rank: vLLM serves adapters up to rank {VLLM_MAX_LORA_RANKS[-1]}, got {rank}")
+
+
+def write_adapter_folder(state: Mapping[str, torch.Tensor], lora: LoraArgs, folder: str, base: str | None) -> None:
+    """`state` (`adapter_state`'s tensors) as a peft adapter folder: adapter_config.json and
+    adapter_model.safetensors, the folder vLLM's LoRARequest and `PeftModel.from_pretrained` load."""
+    from safetensors.torch import save_file
+
+    config = lora_config(lora)
+    config.base_model_name_or_path = base
+    os.makedirs(folder, exist_ok=True)
+    config.save_pretrained(folder)
+    save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(folder, "adapter_model.safetensors"))
+
+
 #: Where a checkpoint keeps the adapters (peft's own folder: adapter_config.json and the adapter's weights), beside
 #: hf_model/ (the merged weights, which `from_pretrained` and `roll serve` load as they load any model).
 ADAPTER_FOLDER = "lora_adapter"

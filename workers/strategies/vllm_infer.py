@@ -10,6 +10,11 @@ only), enable_sleep_mode (true: the engine frees its GPU memory between rollouts
 vLLM's CPU build has no sleep mode, so it is off there), weight_bucket_mb (256: the most tensor data one weight-sync
 call carries), cpu_kvcache_space_gib (1: the KV cache of vLLM's CPU build), logprobs_mode, and any other keyword of
 `vllm.LLM` (max_model_len, enforce_eager, ...).
+
+With LoRA (actor_train.lora) the engine is started with `enable_lora` and serves the base model plus the trained
+adapters, vLLM's own way: each weight sync writes the adapters (a peft folder) to a folder on the engine's node and
+registers them as a new `LoRARequest` (one id per version; the previous one is removed), which every later
+generation names. The base weights never travel and never change.
 """
 
 from __future__ import annotations
@@ -17,12 +22,16 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from roll_core.config import ClusterConfig, GeneratingArgs
+from roll_core.config.clusters import LoraArgs
+from workers.strategies.lora import vllm_max_lora_rank, write_adapter_folder
 from workers.strategies.vllm_weights import (
     DEFAULT_BUCKET_BYTES,
     WeightSyncExtension,
@@ -166,7 +175,9 @@ def sampled_token_log_probs(token_ids: list[int], logprobs: list[Mapping[int, An
 class VLLMInferStrategy:
     """actor_infer on a vLLM engine: batched sampling, in-place weight updates, sleep/wake between phases."""
 
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: ClusterConfig, lora: LoraArgs | None = None) -> None:
+        """`lora`: the trained policy's adapters (actor_train.lora): the engine serves adapters of that rank, and
+        a weight sync brings the adapters alone."""
         from workers.devices import wants_gpu
 
         self.build = check_vllm_available(wants_gpu(config))
@@ -191,6 +202,15 @@ class VLLMInferStrategy:
         else:
             options.setdefault("gpu_memory_utilization", 0.6)
         self.sleep_mode = sleep_mode
+        self.lora = lora
+        self.adapter = None
+        """The LoRARequest of the adapters the last sync brought (None: the base model, as before any sync)."""
+        self.adapter_root: str | None = None
+        if lora is not None:
+            options.setdefault("enable_lora", True)
+            options.setdefault("max_lora_rank", vllm_max_lora_rank(lora.rank))
+            options.setdefault("max_loras", 1)
+            self.adapter_root = tempfile.mkdtemp(prefix="roll-lora-")
         from vllm import LLM
 
         self.llm = LLM(
@@ -242,7 +262,7 @@ class VLLMInferStrategy:
             TokensPrompt(prompt_token_ids=row[m > 0].tolist()) for row, m in zip(prompt_ids, prompt_mask, strict=True)
         ]
         params = SamplingParams(**sampling_kwargs(args, num_return_sequences, self.eos_ids, seed, with_log_probs))
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
         completions = [
             (list(c.token_ids), c.finish_reason, sampled_token_log_probs(list(c.token_ids), c.logprobs))
             for out in outputs
@@ -253,7 +273,11 @@ class VLLMInferStrategy:
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy actor_train's weights into the running engine without restarting it: bucket by bucket (at most
         `weight_bucket_mb` of tensors each) through `collective_rpc` to WeightSyncExtension in every vLLM
-        worker, between the begin and finish of vLLM's layerwise reload."""
+        worker, between the begin and finish of vLLM's layerwise reload. With LoRA, `state_dict` is the adapters
+        (`adapter_state`), loaded as the engine's next adapter version."""
+        if self.lora is not None:
+            self.load_adapter(state_dict)
+            return
         self.wake_up(("weights",))
         items = vllm_weight_items(state_dict, self.tie_word_embeddings)
         self.llm.collective_rpc("roll_begin_weight_update")
@@ -263,9 +287,28 @@ class VLLMInferStrategy:
         self.weights_discarded = False
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
+    def load_adapter(self, state: Mapping[str, torch.Tensor]) -> None:
+        """The trained adapters as the engine's next version: written as a peft folder under `adapter_root`,
+        registered with vLLM now (a bad adapter fails the sync, not a later generation), the previous version
+        removed from the engine and from disk."""
+        from vllm.lora.request import LoRARequest
+
+        version = 1 if self.adapter is None else self.adapter.lora_int_id + 1
+        folder = os.path.join(self.adapter_root, f"v{version}")
+        write_adapter_folder(state, self.lora, folder, self.config.model_args.model_name_or_path)
+        previous, self.adapter = self.adapter, LoRARequest(f"policy-v{version}", version, folder)
+        self.wake_up(("weights",))
+        self.llm.llm_engine.add_lora(self.adapter)
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old adapters
+
     def close(self) -> None:
         """Stop vLLM's engine processes now (they also stop when this object is collected)."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self.adapter_root is not None:
+            shutil.rmtree(self.adapter_root, ignore_errors=True)
 
     def sleep(self, discard_weights: bool = False) -> None:
         """Free the engine's GPU memory while colocated training uses the GPU: the KV cache is dropped, and the
@@ -273,6 +316,8 @@ class VLLMInferStrategy:
         when a weight sync is sure to come before the next generation (a copy it would overwrite anyway)."""
         if not self.sleep_mode or self.sleeping:
             return
+        if self.lora is not None:  # a LoRA sync brings the adapters only: the base weights must survive the sleep
+            discard_weights = False
         self.llm.sleep(level=2 if discard_weights else 1)
         self.sleeping = {"weights", "kv_cache"}
         self.weights_discarded = discard_weights
