@@ -13,7 +13,8 @@ sync and generates one batch:
   would move the whole model (`python -m benchmarks.bench_lora` prints both sizes).
 
 It prints the seconds of each sync and of each generation (`--prompts` chat prompts of the arithmetic example,
-`--samples` samples each, `--max-new-tokens`, greedy, so both sides generate the same tokens), the machine's load,
+each repeated `--samples` times in the batch, `--max-new-tokens` each, greedy, so both sides have the same work and
+generate the same tokens up to rounding), the machine's load,
 then per side the median and range.
 
     python -m benchmarks.bench_lora_generation [--rounds 6] [--model examples/models/smollm2-135m-instruct]
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer.padding_side = "left"
     rows = [json.loads(line) for line in DATA.read_text().splitlines()[: args.prompts]]
     texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True) for r in rows]
-    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    batch = tokenizer([t for t in texts for _ in range(args.samples)], return_tensors="pt", padding=True)
     sides = {name: with_lora(AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), lora).eval()
              for name in ("peft", "merged")}
 
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             return sides[side].generate(
                 **batch, do_sample=False, max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens,
-                num_return_sequences=args.samples, pad_token_id=tokenizer.pad_token_id,
+                pad_token_id=tokenizer.pad_token_id,
             )
 
     figures: dict[str, dict[str, list[float]]] = {s: {"sync": [], "generate": []} for s in sides}
