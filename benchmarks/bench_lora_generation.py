@@ -38,7 +38,7 @@ DATA = ROOT / "examples" / "data" / "arithmetic_val.jsonl"
 
 
 def drawn_adapters(model, seed: int) -> dict[str, torch.Tensor]:
-    from workers.strategies.lora import adapter_state
+    from roll_pipeline.api import adapter_state
 
     state = adapter_state(model)
     generator = torch.Generator().manual_seed(seed)
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from peft.tuners.lora import LoraLayer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from roll_core.config.clusters import LoraArgs
-    from workers.strategies.lora import load_adapter_state, with_lora
+    from roll_pipeline.api import LoraArgs, load_adapter_state, with_lora
 
     print(machine(), flush=True)
     print(f"{args.model.name}, LoRA rank {args.rank}, {args.prompts} prompts x {args.samples} samples, "

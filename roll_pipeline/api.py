@@ -31,6 +31,10 @@ ENTRY_POINTS: dict[str, str] = {
     "truncate_at_eos": "workers.strategies.hf_infer:truncate_at_eos",
     "batched_log_probs": "roll_core.models.forward:batched_log_probs",
     "SamplingDistribution": "roll_core.models.sampling:SamplingDistribution",
+    "LoraArgs": "roll_core.config.clusters:LoraArgs",
+    "with_lora": "workers.strategies.lora:with_lora",
+    "adapter_state": "workers.strategies.lora:adapter_state",
+    "load_adapter_state": "workers.strategies.lora:load_adapter_state",
     # algorithms
     "ADVANTAGES": "roll_core.algorithms:ADVANTAGES",
     "place_at_last_token": "roll_core.algorithms.advantages:place_at_last_token",

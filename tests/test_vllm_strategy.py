@@ -162,7 +162,7 @@ class RecordingLLM:
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
 
-    def generate(self, prompts, params, use_tqdm=False):
+    def generate(self, prompts, params, use_tqdm=False, lora_request=None):
         self.calls.append(("generate",))
         return []
 
@@ -171,6 +171,7 @@ def sleeping_strategy():
     strategy = vllm_infer.VLLMInferStrategy.__new__(vllm_infer.VLLMInferStrategy)
     strategy.llm, strategy.sleep_mode, strategy.tie_word_embeddings = RecordingLLM(), True, False
     strategy.sleeping, strategy.weights_discarded = set(), False
+    strategy.lora, strategy.adapter = None, None
     strategy.bucket_bytes, strategy.eos_ids, strategy.pad_id = 2**20, [2], 0
     return strategy
 
