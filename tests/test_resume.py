@@ -129,6 +129,21 @@ def histories(out: Path) -> dict[str, list[tuple[int, float]]]:
     } | {"__status__": [(0, runs[0].info.status)]}
 
 
+def mismatch_report(
+    a: dict[str, list[tuple[int, float]]], b: dict[str, list[tuple[int, float]]], keys: list[str], killed_after: int,
+    resumed_at: int,
+) -> str:
+    """Where the two runs part, in full (pytest would cut a dict of histories to its first entries): the first
+    step each key differs at, with both values, and whether that step came before the checkpoint the run resumed
+    from (logged by the killed process: then two runs of the same config differ, before any resume) or after it."""
+    lines = [f"{len(keys)} metrics differ; killed after the step-{killed_after} checkpoint, resumed at step {resumed_at}"]
+    for key in keys:
+        step, x, y = next((s, x, y) for (s, x), (_, y) in zip(a[key], b[key], strict=True) if x != y)
+        when = "before the checkpoint resumed from" if step <= resumed_at else "after the checkpoint resumed from"
+        lines.append(f"  {key}: first at step {step}, {when}: uninterrupted {x!r}, killed and resumed {y!r}")
+    return "\n".join(lines)
+
+
 def is_timing(key: str) -> bool:
     return key.startswith(TIMING) or key.endswith(TIMING_SUFFIXES)
 
@@ -189,8 +204,9 @@ def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(variant, tmp_pa
         assert len(steps_b) == len(set(steps_b)), f"{key}: a step logged twice: {steps_b}"
         assert steps_b == [s for s, _ in a[key]], key
     # Bitwise: every step, before the crash and after the resume, has the uninterrupted run's values.
-    mismatched = {k: (a[k], b[k]) for k in compared if a[k] != b[k]}
-    assert not mismatched, mismatched
+    mismatched = [k for k in compared if a[k] != b[k]]
+    if mismatched:
+        pytest.fail(mismatch_report(a, b, mismatched, kill_after, resumed_at))
     # Checkpoints kept: max_checkpoints_to_keep (2 by default) of the ones saved.
     kept = sorted(p.name for p in checkpoint_root(crashed).glob("step_*"))
     assert kept == [f"step_{STEPS - SAVE_STEPS}", f"step_{STEPS}"]

@@ -63,6 +63,10 @@ class TrainingArgs:
 LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+#: The ranks vLLM's engine can be sized for (`max_lora_rank`); an adapter of a smaller rank fits a larger slot.
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoraArgs:
     """LoRA adapters (arXiv:2106.09685, with the `peft` package) on a trained cluster: the base weights stay frozen

@@ -7,7 +7,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from roll_core.config.clusters import ActorInferConfig, ActorTrainConfig, CriticConfig, ReferenceConfig
+from roll_core.config.clusters import (
+    VLLM_MAX_LORA_RANKS,
+    ActorInferConfig,
+    ActorTrainConfig,
+    CriticConfig,
+    ReferenceConfig,
+)
 from roll_core.config.data import DataConfig
 from roll_core.config.ray import RayConfig
 from roll_core.config.rewards import RewardAuditConfig, RewardConfig
@@ -167,8 +173,9 @@ class PipelineConfig:
     def _validate_lora(self) -> Iterator[tuple[str, str]]:
         if self.actor_train.lora is None:
             return
-        if self.actor_infer.strategy_args.strategy_name == "vllm" and self.actor_train.lora.rank > 512:
-            yield "actor_train.lora.rank", f"vLLM serves adapters up to rank 512, got {self.actor_train.lora.rank}"
+        largest = VLLM_MAX_LORA_RANKS[-1]
+        if self.actor_infer.strategy_args.strategy_name == "vllm" and self.actor_train.lora.rank > largest:
+            yield "actor_train.lora.rank", f"vLLM serves adapters up to rank {largest}, got {self.actor_train.lora.rank}"
         base = self.actor_train.model_args.model_name_or_path or self.pretrain
         for section in ("actor_infer", "reference") if self.needs_reference else ("actor_infer",):
             theirs = getattr(self, section).model_args.model_name_or_path or self.pretrain

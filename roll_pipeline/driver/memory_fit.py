@@ -63,7 +63,7 @@ def needs(cfg) -> list[Need]:
         if params is None:
             continue
         weight_bytes = BYTES[section.model_args.dtype]
-        if name in ("actor_train", "critic") and getattr(section, "lora", None) is not None:
+        if name in ("actor_train", "critic") and section.lora is not None:
             # A frozen base: its weights alone; the adapters' gradients and moments are a small fraction on top.
             per_worker = params * weight_bytes
             what = f"{params / 1e6:.1f}M frozen parameters x {weight_bytes} B (LoRA: only the adapters train)"

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import torch
 
-from roll_core.config.clusters import LoraArgs
+from roll_core.config.clusters import VLLM_MAX_LORA_RANKS, LoraArgs
 
 #: peft's task types: which head the wrapped model has (the critic's value head is a token classifier, which peft
 #: trains along with the adapters, as a module to save).
@@ -74,10 +74,6 @@ def load_adapter_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
         )
     with torch.no_grad():
         set_peft_model_state_dict(model, dict(state))
-
-
-#: The ranks vLLM's engine can be sized for (`max_lora_rank`); an adapter of a smaller rank fits a larger slot.
-VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def vllm_max_lora_rank(rank: int) -> int:
