@@ -29,7 +29,10 @@ TENSOR_KEYS: dict[str, str] = {
     "own_old_log_probs": "(B,) float, 1 where actor_train takes the update's own forward as the old log-probs",
     "ref_log_probs": "(B, R) float, log-probs of the response under the frozen reference policy",
     "infer_log_probs": "(B, R) float, log-probs of the response under the distribution actor_infer sampled it from",
-    "infer_is_weights": "(B, R) float, truncated importance weights old / infer on the policy-gradient terms",
+    "infer_is_weights": "(B, R) float, truncated importance weights old / infer on the policy-gradient terms (per token,"
+    " or a response's on each of its tokens)",
+    "offpolicy_keep": "(B, R) float, 0 on the tokens the off-policy rejection takes out of the loss (loss_mask applies"
+    " it); absent: none rejected",
     "turns": "(B,) float, a multi-turn response's model turns; absent: one",
     "tool_calls": "(B,) float, a multi-turn response's tool calls; absent: none",
     "tool_errors": "(B,) float, its tool calls that failed (an error, a timeout, a crash: the policy's doing)",
@@ -164,8 +167,12 @@ def sequence_mask(batch: Batch) -> torch.Tensor:
 
 
 def loss_mask(batch: Batch) -> torch.Tensor:
-    """(B, R): the response tokens of the samples in the loss (response_mask where in_loss is 1)."""
-    return batch["response_mask"] * batch["in_loss"].unsqueeze(-1)
+    """(B, R): the response tokens of the samples in the loss (response_mask where in_loss is 1), less the tokens
+    the off-policy rejection took out (`offpolicy_keep`, where the run rejects; roll_core/algorithms/offpolicy.py)."""
+    mask = batch["response_mask"] * batch["in_loss"].unsqueeze(-1)
+    if "offpolicy_keep" in batch:
+        mask = mask * batch["offpolicy_keep"]
+    return mask
 
 
 def _cat_padded(parts: list[torch.Tensor], key: str) -> torch.Tensor:

@@ -330,6 +330,48 @@ def test_importance_weights_are_the_training_policy_over_the_sampling_one():
     assert metrics == {"offpolicy/staleness": 3.0}
 
 
+def test_sequence_weights_and_geometric_rejection_on_the_pipeline_batch():
+    """offpolicy_correction at the response level on the same batch: old - infer sums to -0.5 and 1 on the two
+    responses in the loss (means -1/6 and 1/2). Sequence weights min(e^sum, 2) on every token of a response; the
+    geometric rejection with bounds [1/1.5, 1.5] keeps e^(-1/6) ~ 0.85 and rejects e^0.5 ~ 1.65, and loss_mask
+    then leaves the rejected response's tokens out, so the loss and its normaliser never see them."""
+    cfg = config("offpolicy_correction={is_level: sequence, is_cap: 2.0, rs_level: geometric, rs_upper: 1.5}")
+    batch, metrics = RLVRPipeline(cfg).importance_weights(offpolicy_batch(), generated_with=0)
+    e = math.exp
+    expected = [[e(-0.5)] * 3, [2.0, 2.0, 0.0], [2.0] * 3]  # the third (out of the loss): e^6 -> 2
+    assert batch["infer_is_weights"].tolist() == [[pytest.approx(w, rel=1e-6) for w in row] for row in expected]
+    assert batch["offpolicy_keep"].tolist() == [[1.0] * 3, [0.0] * 3, [0.0] * 3]
+    assert loss_mask(batch).tolist() == [[1.0] * 3, [0.0] * 3, [0.0] * 3]
+    # over the 5 tokens and 2 responses in the loss: the second response's 2 tokens truncated (e^1 > 2) and rejected
+    assert metrics["offpolicy/is_truncated_frac"] == pytest.approx(2 / 5)
+    assert metrics["offpolicy/is_truncated_seq_frac"] == 0.5
+    assert metrics["offpolicy/rs_rejected_frac"] == pytest.approx(2 / 5)
+    assert metrics["offpolicy/rs_rejected_seq_frac"] == 0.5
+    # the token-level metrics are the same whatever the correction
+    token = RLVRPipeline(config("infer_is_cap=2.0")).importance_weights(offpolicy_batch(), generated_with=0)[1]
+    assert {k: metrics[k] for k in ("offpolicy/is_weight_mean", "offpolicy/kl_infer_old")} == {
+        k: token[k] for k in ("offpolicy/is_weight_mean", "offpolicy/kl_infer_old")
+    }
+
+
+def test_infer_is_cap_is_the_token_level_shorthand_and_the_correction_keys_are_checked():
+    def cfg(*overrides: str):
+        return config(*overrides).config
+
+    assert cfg("infer_is_cap=1.5").correction == cfg("offpolicy_correction={is_level: token, is_cap: 1.5}").correction
+    assert not cfg().needs_infer_log_probs
+    assert cfg("offpolicy_correction={rs_level: token}").needs_infer_log_probs
+    assert cfg("offpolicy_correction={rs_level: sequence, is_cap: 4}").correction.rejection_bounds == (0.25, 4.0)
+    msg = errors("infer_is_cap=2.0", "offpolicy_correction={is_level: sequence}")
+    assert "infer_is_cap: is the shorthand for offpolicy_correction.is_level token; set one or the other" in msg
+    msg = errors("offpolicy_correction={is_level: seq}")
+    assert "offpolicy_correction.is_level: expected one of ['token', 'sequence', None], got 'seq'" in msg
+    msg = errors("offpolicy_correction={is_cap: 0, rs_level: geometric, rs_upper: 1.001, rs_lower: 1.2}")
+    assert "offpolicy_correction.is_cap: must be > 0, got 0" in msg
+    assert "offpolicy_correction.rs_lower: must be below the upper bound 1.001, got 1.2" in msg
+    assert "offpolicy_correction.rs_upper: must be > 0" in errors("offpolicy_correction={rs_level: token, rs_upper: 0}")
+
+
 # ------------------------------------------------------------------------------------------- critic objective
 
 
@@ -470,6 +512,32 @@ def test_actor_objective_gives_the_same_gradient_in_micro_batches(mode, loss):
     assert whole.abs().sum() > 0
     assert torch.allclose(whole, gradient([slice(0, 3), slice(3, 6), slice(6, 8)]), atol=1e-6)
     assert torch.allclose(whole, gradient([slice(i, i + 1) for i in range(8)]), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS.names())
+def test_rejected_tokens_leave_the_objective_and_its_normaliser(mode):
+    """The off-policy rejection (`offpolicy_keep`) does to the actor's objective what taking the tokens out of the
+    response mask does: the same loss, the same gradient, under every aggregation (normaliser included); and the
+    gradient differs from the one without the rejection."""
+    cfg = config(f"loss_agg_mode={mode}", "use_kl_loss=true", "kl_loss_coef=0.1").config
+    logits, tokens, batch = objective_inputs(1)
+    keep = torch.ones_like(batch["response_mask"])
+    keep[0, :2] = 0.0  # two tokens of the first response
+    keep[3] = 0.0  # the whole fourth
+    rejected = batch.update({"offpolicy_keep": keep})
+    trimmed = batch.update({"response_mask": batch["response_mask"] * keep})
+
+    def run(b: Batch) -> tuple[float, torch.Tensor]:
+        logits.grad = None
+        log_probs, entropy = log_probs_from_logits(logits, tokens, with_entropy=True)
+        objective, _ = policy_objective(log_probs, entropy, b, cfg, batch_normalizer(loss_mask(b), mode))
+        objective.backward()
+        return float(objective), logits.grad.clone()
+
+    (loss_r, grad_r), (loss_t, grad_t), (_, grad_all) = run(rejected), run(trimmed), run(batch)
+    assert loss_r == pytest.approx(loss_t, rel=1e-6) and torch.allclose(grad_r, grad_t, atol=1e-7)
+    assert grad_r[3].abs().sum() == 0 and grad_all[3].abs().sum() > 0
+    assert not torch.allclose(grad_r, grad_all, atol=1e-6)
 
 
 def test_entropy_outside_the_graph_when_only_logged():

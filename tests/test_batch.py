@@ -83,6 +83,19 @@ def test_concat_pads_each_part_by_its_own_shortfall():
     assert Batch.concat(prompts)["prompt_ids"].tolist() == [[0, 0, 0, 2, 2], [5] * 5]
 
 
+def test_loss_mask_leaves_out_the_tokens_the_offpolicy_rejection_took_out():
+    from roll_core.batch import loss_mask
+
+    b = Batch(
+        {
+            "response_mask": torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]),
+            "in_loss": torch.tensor([1.0, 1.0, 0.0]),
+            "offpolicy_keep": torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]),
+        }
+    )
+    assert loss_mask(b).tolist() == [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+
+
 def test_loss_mask_is_the_response_mask_of_the_samples_in_the_loss():
     from roll_core.batch import loss_mask
 

@@ -1,10 +1,19 @@
-"""How far a batch is from the policy it trains, and the truncated importance-sampling correction for it.
+"""How far a batch is from the policy it trains, and the corrections for it: importance weights and rejection.
 
 A batch is sampled by actor_infer's policy mu (older weights in an async run, or the same weights computed by a
 different engine) and trained as if it came from actor_train's policy pi_old before the update. The per-token
-importance weight pi_old(a) / mu(a) corrects the policy gradient for the difference; truncating it at a cap
-(TIS: Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"; the truncation
-follows Espeholt et al., IMPALA, arXiv:1802.01561) bounds its variance.
+ratio pi_old(a) / mu(a) says how far apart they are on each sampled token. Two corrections use it, each at a level:
+
+- importance weights multiply each token's policy-gradient term: per token, truncated at a cap (TIS: Yao et al.
+  2025, "Your efficient RL framework secretly brings you off-policy RL training"; the truncation follows
+  Espeholt et al., IMPALA, arXiv:1802.01561), or per response, the product of its tokens' ratios (the unbiased
+  sequence-level weight), truncated the same way;
+- rejection takes tokens, or whole responses, out of the loss where the ratio (per token, the product over the
+  response, or its geometric mean: exp of the mean log-ratio) lies outside [lower, upper] (Liu, Li et al. 2025,
+  "When Speed Kills Stability"; verl's rollout correction has the same three levels).
+
+Every log-ratio, at every level, is bounded to [-20, 20] before exp, so that a token one policy finds impossible
+cannot overflow.
 """
 
 from __future__ import annotations
@@ -13,29 +22,100 @@ import torch
 
 from roll_core.algorithms.kl import kl_k3
 
+LOG_RATIO_BOUND = 20.0
+
+
+def level_log_ratios(
+    old_log_probs: torch.Tensor, infer_log_probs: torch.Tensor, mask: torch.Tensor, level: str
+) -> torch.Tensor:
+    """log(pi_old / mu) at `level`, bounded to [-20, 20]: (B, R) per token for `token`; (B, 1) per response for
+    `sequence` (the sum over its tokens where mask is 1) and `geometric` (their mean). Values under mask 0 count
+    for nothing, whatever they are."""
+    log_ratio = torch.where(mask > 0, old_log_probs - infer_log_probs, torch.zeros_like(old_log_probs))
+    if level == "token":
+        out = log_ratio
+    elif level == "sequence":
+        out = log_ratio.sum(-1, keepdim=True)
+    elif level == "geometric":
+        out = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    else:
+        raise ValueError(f"unknown off-policy correction level {level!r}: token, sequence or geometric")
+    return out.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def importance_weights(
+    old_log_probs: torch.Tensor, infer_log_probs: torch.Tensor, mask: torch.Tensor, level: str, cap: float
+) -> torch.Tensor:
+    """(B, R): the ratio at `level` (token or sequence; a response's weight on each of its tokens) truncated at
+    `cap`, 0 where mask is 0."""
+    ratio = level_log_ratios(old_log_probs, infer_log_probs, mask, level).exp()
+    return ratio.clamp(max=cap).expand_as(mask) * mask
+
 
 def truncated_is_weights(
     old_log_probs: torch.Tensor, infer_log_probs: torch.Tensor, mask: torch.Tensor, cap: float
 ) -> torch.Tensor:
-    """min(exp(old_log_probs - infer_log_probs), cap) per token, 0 where mask is 0; all (B, R). The log-ratio
-    is clamped to [-20, 20] so a token one policy finds impossible cannot overflow."""
-    ratio = (old_log_probs - infer_log_probs).clamp(-20.0, 20.0).exp()
-    return ratio.clamp(max=cap) * mask
+    """min(exp(old_log_probs - infer_log_probs), cap) per token, 0 where mask is 0; all (B, R)."""
+    return importance_weights(old_log_probs, infer_log_probs, mask, "token", cap)
+
+
+def rejection_keep(
+    old_log_probs: torch.Tensor, infer_log_probs: torch.Tensor, mask: torch.Tensor, level: str, lower: float,
+    upper: float,
+) -> torch.Tensor:
+    """(B, R) in {0, 1}: 1 where the token (level `token`) or its response (`sequence`, `geometric`) has a ratio
+    within [lower, upper], bounds included; 0 elsewhere and where mask is 0."""
+    ratio = level_log_ratios(old_log_probs, infer_log_probs, mask, level).exp()
+    keep = ((ratio >= lower) & (ratio <= upper)).to(mask.dtype)
+    return keep.expand_as(mask) * mask
 
 
 def offpolicy_metrics(
-    old_log_probs: torch.Tensor, infer_log_probs: torch.Tensor, mask: torch.Tensor, cap: float | None
+    old_log_probs: torch.Tensor, infer_log_probs: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
-    """Over the tokens where mask is 1: the mean and max importance weight before truncation, the share of tokens
-    the cap truncates (0 without a cap), and KL(mu || pi_old) estimated with k3 from mu's samples."""
+    """Over the tokens where mask is 1: the mean and max per-token ratio, and KL(mu || pi_old) estimated with k3
+    from mu's samples. Empty when no token is valid."""
     valid = mask.bool()
     if not bool(valid.any()):
         return {}
-    log_ratio = (old_log_probs - infer_log_probs).clamp(-20.0, 20.0)[valid]
-    ratio = log_ratio.exp()
+    ratio = level_log_ratios(old_log_probs, infer_log_probs, mask, "token")[valid].exp()
     return {
         "offpolicy/is_weight_mean": float(ratio.mean()),
         "offpolicy/is_weight_max": float(ratio.max()),
-        "offpolicy/is_truncated_frac": float((ratio > cap).float().mean()) if cap is not None else 0.0,
         "offpolicy/kl_infer_old": float(kl_k3(infer_log_probs, old_log_probs)[valid].mean()),
     }
+
+
+def correction_metrics(
+    old_log_probs: torch.Tensor,
+    infer_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    is_level: str | None,
+    cap: float,
+    rs_level: str | None,
+    bounds: tuple[float, float],
+) -> dict[str, float]:
+    """offpolicy_metrics, and what each correction cut, over the valid tokens and over the responses with one:
+    `offpolicy/is_truncated_frac` and `is_truncated_seq_frac` (weights the cap truncated: tokens, and responses
+    with one; 0 without importance weights), `rs_rejected_frac` and `rs_rejected_seq_frac` (tokens rejected, and
+    responses with one; only with rejection)."""
+    metrics = offpolicy_metrics(old_log_probs, infer_log_probs, mask)
+    if not metrics:
+        return metrics
+    valid = mask.bool()
+    responses = valid.any(-1)
+
+    def shares(cut: torch.Tensor) -> tuple[float, float]:
+        cut = cut & valid
+        return float(cut[valid].float().mean()), float(cut.any(-1)[responses].float().mean())
+
+    truncated = (0.0, 0.0)
+    if is_level is not None:
+        ratio = level_log_ratios(old_log_probs, infer_log_probs, mask, is_level).exp().expand_as(mask)
+        truncated = shares(ratio > cap)
+    metrics["offpolicy/is_truncated_frac"], metrics["offpolicy/is_truncated_seq_frac"] = truncated
+    if rs_level is not None:
+        keep = rejection_keep(old_log_probs, infer_log_probs, mask, rs_level, *bounds)
+        metrics["offpolicy/rs_rejected_frac"], metrics["offpolicy/rs_rejected_seq_frac"] = shares(keep == 0)
+    return metrics

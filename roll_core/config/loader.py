@@ -154,11 +154,24 @@ def _dacite_message(exc: dacite.DaciteError, prefix: str = "") -> str:
     if isinstance(exc, dacite.MissingValueError):
         return f"{prefix}{exc.field_path}: required key is missing"
     if isinstance(exc, dacite.WrongTypeError):
-        if typing.get_origin(exc.field_type) is typing.Literal:
-            return f"{prefix}{exc.field_path}: expected one of {list(typing.get_args(exc.field_type))}, got {exc.value!r}"
+        choices = _literal_choices(exc.field_type)
+        if choices is not None:
+            return f"{prefix}{exc.field_path}: expected one of {choices}, got {exc.value!r}"
         expected = getattr(exc.field_type, "__name__", str(exc.field_type))
         return f"{prefix}{exc.field_path}: expected {expected}, got {exc.value!r} ({type(exc.value).__name__})"
     return str(exc)
+
+
+def _literal_choices(field_type: Any) -> list[Any] | None:
+    """The values a Literal field takes (None among them where the field is optional: YAML's null); None for
+    other types."""
+    if typing.get_origin(field_type) is typing.Literal:
+        return list(typing.get_args(field_type))
+    args = typing.get_args(field_type)
+    literals = [a for a in args if typing.get_origin(a) is typing.Literal]
+    if len(literals) == 1 and set(args) == {literals[0], type(None)}:
+        return [*typing.get_args(literals[0]), None]
+    return None
 
 
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from roll_core.config.clusters import (
@@ -15,6 +15,7 @@ from roll_core.config.clusters import (
     ReferenceConfig,
 )
 from roll_core.config.data import DataConfig
+from roll_core.config.offpolicy import OffPolicyCorrectionConfig
 from roll_core.config.ray import RayConfig
 from roll_core.config.rewards import RewardAuditConfig, RewardConfig
 from roll_core.config.sampling import DomainMixerConfig, DynamicSamplingConfig
@@ -58,7 +59,10 @@ class PipelineConfig:
     tokens it sampled) and actor_train's policy before the update: each token's policy-gradient term is weighted
     by min(exp(old_log_prob - infer_log_prob), infer_is_cap) (TIS; Yao et al. 2025, "Your efficient RL framework
     secretly brings you off-policy RL training"). None: off. 2.0 is the usual cap. The offpolicy/* metrics are
-    logged whenever actor_infer returns log-probs (async runs, or a cap set)."""
+    logged whenever actor_infer returns log-probs (async runs, or a correction set). The shorthand for
+    offpolicy_correction's `is_level: token` with `is_cap` this value; set one or the other."""
+    offpolicy_correction: OffPolicyCorrectionConfig = field(default_factory=OffPolicyCorrectionConfig)
+    """Importance weights and rejection at the token or sequence level (roll_core/config/offpolicy.py)."""
     deterministic: bool = False
     """Repeatable runs: the same config and seed give the same metrics bitwise on CPU, and a resumed run goes on
     exactly as the uninterrupted one would have. Each prompt's group is then generated on its own with a sampling
@@ -163,6 +167,11 @@ class PipelineConfig:
             yield "async_generation_ratio", f"must be 0 (synchronous) or 1 (one step ahead), got {self.async_generation_ratio}"
         if self.infer_is_cap is not None and self.infer_is_cap <= 0:
             yield "infer_is_cap", "must be > 0 (or null: off)"
+        if self.infer_is_cap is not None and self.offpolicy_correction.is_level is not None:
+            yield "infer_is_cap", (
+                "is the shorthand for offpolicy_correction.is_level token; set one or the other "
+                f"(offpolicy_correction.is_level is {self.offpolicy_correction.is_level!r})"
+            )
         yield from self._validate_domains()
         if self.ppo_epochs < 1:
             yield "ppo_epochs", "must be >= 1"
@@ -270,7 +279,14 @@ class PipelineConfig:
     @property
     def needs_infer_log_probs(self) -> bool:
         """actor_infer returns the log-probs of what it samples (for the correction and the offpolicy metrics)."""
-        return self.async_generation_ratio > 0 or self.infer_is_cap is not None
+        return self.async_generation_ratio > 0 or self.correction.active
+
+    @property
+    def correction(self) -> OffPolicyCorrectionConfig:
+        """offpolicy_correction, with the infer_is_cap shorthand spelled out."""
+        if self.infer_is_cap is None:
+            return self.offpolicy_correction
+        return replace(self.offpolicy_correction, is_level="token", is_cap=self.infer_is_cap)
 
     @property
     def infer_offloads(self) -> bool:

@@ -19,7 +19,7 @@ from roll_core.algorithms import ADVANTAGES, DOMAIN_MIXERS, KL_CONTROLLERS
 from roll_core.algorithms.advantages import advantage_metrics, place_at_last_token, postprocess_advantages
 from roll_core.algorithms.kl import kl_penalty_rewards
 from roll_core.algorithms.mixing import observe_rollout, observe_validation
-from roll_core.algorithms.offpolicy import offpolicy_metrics, truncated_is_weights
+from roll_core.algorithms.offpolicy import correction_metrics, importance_weights, rejection_keep
 from roll_core.algorithms.shaping import shape_scores
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import ResolvedConfig, domain_shares
@@ -214,18 +214,27 @@ class RLVRPipeline:
                 cluster.call("offload_states")
 
     def importance_weights(self, batch: Batch, generated_with: int) -> tuple[Batch, dict[str, float]]:
-        """How off-policy the batch is (offpolicy/*: staleness in updates, and the importance weights between
-        the policy that sampled it and actor_train's), and the truncated weights when infer_is_cap is set."""
+        """How off-policy the batch is (offpolicy/*: staleness in updates, the ratios between the policy that
+        sampled it and actor_train's, and what the corrections cut), and the corrections cfg.correction asks for:
+        the importance weights (`infer_is_weights`) and the rejection (`offpolicy_keep`, which loss_mask applies)."""
         metrics = {"offpolicy/staleness": float(self.loop.trained_version - generated_with)}
         if "infer_log_probs" not in batch:
             return batch, metrics
-        mask = loss_mask(batch)
-        cap = self.cfg.infer_is_cap
-        metrics |= offpolicy_metrics(batch["old_log_probs"], batch["infer_log_probs"], mask, cap)
-        if cap is None:
-            return batch, metrics
-        weights = truncated_is_weights(batch["old_log_probs"], batch["infer_log_probs"], batch["response_mask"], cap)
-        return batch.update({"infer_is_weights": weights}), metrics
+        mask, correction = loss_mask(batch), self.cfg.correction
+        old, infer = batch["old_log_probs"], batch["infer_log_probs"]
+        bounds = correction.rejection_bounds
+        metrics |= correction_metrics(
+            old, infer, mask, is_level=correction.is_level, cap=correction.is_cap, rs_level=correction.rs_level,
+            bounds=bounds,
+        )
+        tensors = {}
+        if correction.is_level is not None:
+            tensors["infer_is_weights"] = importance_weights(
+                old, infer, batch["response_mask"], correction.is_level, correction.is_cap
+            )
+        if correction.rs_level is not None:
+            tensors["offpolicy_keep"] = rejection_keep(old, infer, batch["response_mask"], correction.rs_level, *bounds)
+        return batch.update(tensors), metrics
 
     def compute_log_probs(self, batch: Batch) -> Batch:
         """old_log_probs from actor_train (unless its update makes them itself: cfg.update_gives_old_log_probs)
