@@ -370,6 +370,8 @@ def test_infer_is_cap_is_the_token_level_shorthand_and_the_correction_keys_are_c
     assert "offpolicy_correction.is_cap: must be > 0, got 0" in msg
     assert "offpolicy_correction.rs_lower: must be below the upper bound 1.001, got 1.2" in msg
     assert "offpolicy_correction.rs_upper: must be > 0" in errors("offpolicy_correction={rs_level: token, rs_upper: 0}")
+    # the upper bound defaults to is_cap: an is_cap of 0 is reported, not divided by
+    assert "offpolicy_correction.is_cap: must be > 0, got 0" in errors("offpolicy_correction={rs_level: token, is_cap: 0}")
 
 
 # ------------------------------------------------------------------------------------------- critic objective

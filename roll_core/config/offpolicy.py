@@ -41,8 +41,8 @@ class OffPolicyCorrectionConfig:
             yield "rs_upper", f"must be > 0 (or null: is_cap), got {self.rs_upper}"
         if self.rs_lower is not None and not self.rs_lower >= 0:
             yield "rs_lower", f"must be >= 0 (or null: 1 / rs_upper), got {self.rs_lower}"
-        valid_upper = self.rs_upper is None or self.rs_upper > 0
-        if self.rs_level is not None and valid_upper and self.rejection_bounds[0] >= self.rejection_bounds[1]:
+        upper = self.is_cap if self.rs_upper is None else self.rs_upper  # not a bound to divide by when <= 0
+        if self.rs_level is not None and upper > 0 and self.rejection_bounds[0] >= self.rejection_bounds[1]:
             lower, upper = self.rejection_bounds
             yield "rs_lower", f"must be below the upper bound {upper:g}, got {lower:g}"
 
