@@ -29,6 +29,8 @@ TENSOR_KEYS: dict[str, str] = {
     "own_old_log_probs": "(B,) float, 1 where actor_train takes the update's own forward as the old log-probs",
     "ref_log_probs": "(B, R) float, log-probs of the response under the frozen reference policy",
     "infer_log_probs": "(B, R) float, log-probs of the response under the distribution actor_infer sampled it from",
+    "token_versions": "(B, R) long, the weights version (actor updates included) that sampled each response token; a"
+    " response generated across a weight sync has two (partial rollouts); absent: batches not from actor_infer",
     "infer_is_weights": "(B, R) float, truncated importance weights old / infer on the policy-gradient terms (per token,"
     " or a response's on each of its tokens)",
     "offpolicy_keep": "(B, R) float, 0 on the tokens the off-policy rejection takes out of the loss (loss_mask applies"

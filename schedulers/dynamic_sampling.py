@@ -95,6 +95,9 @@ class DynamicSamplingScheduler:
         self._calls_made = 0
         """get_batch and validate calls so far; part of request ids and seeds."""
         self.bound_hits = 0
+        self._filling = asyncio.Lock()
+        """One step fills at a time: with rollouts launched several steps ahead (async_generation_ratio >= 2) the
+        next step's get_batch waits here for the one before, so draws, ledger and call numbers go in step order."""
         ledger = cfg.dynamic_sampling.ledger
         self.ledger = (
             DifficultyLedger(
@@ -118,7 +121,12 @@ class DynamicSamplingScheduler:
         self, num_prompts: int, group_size: int, args: GeneratingArgs
     ) -> tuple[Batch, dict[str, float]]:
         """`num_prompts` groups of `group_size` scored responses that passed the filters, and the step's metrics
-        (scheduler/<domain>/... and reward/<domain>/... over every group scored this step)."""
+        (scheduler/<domain>/... and reward/<domain>/... over every group scored this step). Calls run one after
+        the other, in the order they came."""
+        async with self._filling:
+            return await self._fill(num_prompts, group_size, args)
+
+    async def _fill(self, num_prompts: int, group_size: int, args: GeneratingArgs) -> tuple[Batch, dict[str, float]]:
         bound = max(num_prompts, math.ceil(self.max_prompts_factor * num_prompts))
         step = FillStep(
             self.rollout, call=self._next_call(), share=num_prompts, group_size=group_size, args=args, bound=bound,

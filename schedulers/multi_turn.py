@@ -116,12 +116,14 @@ class MultiTurnRollout(SingleTurnRollout):
             kept = output["response_mask"][row] > 0
             ids = output["response_ids"][row][kept].tolist()
             log_probs = output["infer_log_probs"][row][kept].tolist() if "infer_log_probs" in output else None
+            versions = output["token_versions"][row][kept].tolist() if "token_versions" in output else None
             finish = output["finish_reason"][row]
             if len(ids) > budget:
                 ids, finish = ids[:budget], "length"
                 log_probs = log_probs[:budget] if log_probs is not None else None
+                versions = versions[:budget] if versions is not None else None
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            t.add_turn(ids, log_probs, text, finish)
+            t.add_turn(ids, log_probs, text, finish, versions)
             texts.append(text)
         return texts
 

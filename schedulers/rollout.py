@@ -213,7 +213,7 @@ def group_batch(
             "response_mask": output["response_mask"],
             "scores": scores,
             "in_loss": in_loss,
-            **{key: output[key] for key in ("infer_log_probs", *TRAJECTORY_TENSORS) if key in output},
+            **{key: output[key] for key in ("infer_log_probs", "token_versions", *TRAJECTORY_TENSORS) if key in output},
         },
         {
             "id": [row.get("id", row.get("_source"))] * n,

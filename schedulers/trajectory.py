@@ -67,6 +67,8 @@ class Trajectory:
     tokens: list[int] = field(default_factory=list)
     from_tool: list[bool] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """The weights version that sampled each token; a tool's tokens carry the version of the turn before."""
     messages: list[dict[str, str]] = field(default_factory=list)
     """The trajectory as chat messages (assistant turns and tool answers), for the reward worker and the logs."""
     finish: str = "length"
@@ -80,11 +82,15 @@ class Trajectory:
         """What the model reads before its next turn: the prompt and everything so far."""
         return self.prompt + self.tokens
 
-    def add_turn(self, ids: list[int], log_probs: list[float] | None, text: str, finish: str) -> None:
-        """A model turn, its tokens as sampled (and their log-probs under the sampling distribution)."""
+    def add_turn(
+        self, ids: list[int], log_probs: list[float] | None, text: str, finish: str, versions: list[int] | None = None,
+    ) -> None:
+        """A model turn, its tokens as sampled (and their log-probs under the sampling distribution, and the
+        weights version that sampled each)."""
         self.tokens += ids
         self.from_tool += [False] * len(ids)
         self.log_probs += list(log_probs) if log_probs is not None else [0.0] * len(ids)
+        self.versions += list(versions) if versions is not None else [self.last_version()] * len(ids)
         self.messages.append({"role": "assistant", "content": text})
         self.finish = finish
         self.turns += 1
@@ -94,10 +100,14 @@ class Trajectory:
         self.tokens += ids
         self.from_tool += [True] * len(ids)
         self.log_probs += [0.0] * len(ids)
+        self.versions += [self.last_version()] * len(ids)
         self.messages.append({"role": "tool", "content": text})
         self.tool_calls += step.tool_calls
         self.tool_errors += step.tool_errors
         self.tool_s += step.tool_s
+
+    def last_version(self) -> int:
+        return self.versions[-1] if self.versions else 0
 
     def final_answer(self) -> str:
         """The text of the last model turn: what the domain's reward judges."""
@@ -107,12 +117,14 @@ class Trajectory:
 
 def trajectory_rows(trajectories: list[Trajectory], pad_id: int, with_log_probs: bool) -> dict[str, Any]:
     """Trajectories as one generation output (right-padded rows, as actor_infer returns them): response_ids,
-    response_mask (the model's tokens), tool_mask (the tools'), finish_reason, infer_log_probs when asked, and per
-    trajectory its chat messages (`trajectory`) and its turns, tool_calls, tool_errors and tool_s."""
+    response_mask (the model's tokens), tool_mask (the tools'), finish_reason, infer_log_probs when asked,
+    token_versions, and per trajectory its chat messages (`trajectory`) and its turns, tool_calls, tool_errors and
+    tool_s."""
     width = max((len(t.tokens) for t in trajectories), default=0) or 1
     shape = (len(trajectories), width)
     ids = torch.full(shape, pad_id, dtype=torch.long)
     model_mask, tool_mask, log_probs = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
+    versions = torch.zeros(shape, dtype=torch.long)
     for row, t in enumerate(trajectories):
         n = len(t.tokens)
         if not n:
@@ -122,11 +134,14 @@ def trajectory_rows(trajectories: list[Trajectory], pad_id: int, with_log_probs:
         model_mask[row, :n] = (~tool).float()
         tool_mask[row, :n] = tool.float()
         log_probs[row, :n] = torch.tensor(t.log_probs, dtype=torch.float32) * (~tool).float()
+        versions[row, :n] = torch.tensor(t.versions, dtype=torch.long)
+        versions[row, n:] = t.versions[-1]
     out = {
         "response_ids": ids,
         "response_mask": model_mask,
         "tool_mask": tool_mask,
         "finish_reason": [t.finish for t in trajectories],
+        "token_versions": versions,
         "trajectory": [list(t.messages) for t in trajectories],
         **{
             key: torch.tensor([float(getattr(t, key)) for t in trajectories])

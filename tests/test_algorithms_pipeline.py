@@ -14,6 +14,7 @@ from roll_core.algorithms.advantages import advantage_metrics
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import ConfigError
 from roll_core.models.forward import log_probs_from_logits
+from roll_pipeline.driver.loop_state import Rollout
 from roll_pipeline.driver.names import load_run_config
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from tests.conftest import EXAMPLES
@@ -327,7 +328,95 @@ def test_importance_weights_are_the_training_policy_over_the_sampling_one():
     plain = Batch({k: plain[k] for k in ("response_mask", "in_loss", "old_log_probs")})
     pipeline.loop.trained_version = 6
     _, metrics = pipeline.importance_weights(plain, generated_with=3)
-    assert metrics == {"offpolicy/staleness": 3.0}
+    assert metrics == {"offpolicy/staleness": 3.0, "offpolicy/staleness_min": 3.0, "offpolicy/staleness_max": 3.0,
+                       "offpolicy/partial_frac": 0.0}
+    # with the versions that sampled each token (a partial rollout in the second row): those, not generated_with
+    versions = torch.tensor([[4, 4, 4], [4, 5, 0], [5, 5, 5]])
+    _, metrics = pipeline.importance_weights(plain.update({"token_versions": versions}), generated_with=3)
+    assert metrics["offpolicy/staleness_max"] == 2.0 and metrics["offpolicy/staleness_min"] == 1.0
+    assert metrics["offpolicy/partial_frac"] == pytest.approx(1 / 3)
+
+
+class LaunchRecorder:
+    """RLVRPipeline's launches and waits, recorded instead of run (a rollout is its launch number)."""
+
+    def __init__(self, pipeline: RLVRPipeline) -> None:
+        self.events: list[tuple[str, int]] = []
+        self.launched = 0
+        pipeline.launch_rollout = self.launch
+        pipeline.finish_rollout = self.finish
+
+    def launch(self) -> Rollout:
+        self.launched += 1
+        self.events.append(("launch", self.launched))
+        return Rollout(version=self.launched)
+
+    def finish(self, rollout: Rollout) -> Rollout:
+        if rollout.batch is None:
+            self.events.append(("finish", rollout.version))
+        return Rollout(version=rollout.version, batch=Batch(), metrics={})
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_rollouts_are_launched_k_steps_ahead_and_none_past_the_last_step(k):
+    pipeline = RLVRPipeline(config(f"async_generation_ratio={k}", "max_steps=5"))
+    recorder = LaunchRecorder(pipeline)
+    trained = []
+    for step in range(1, 6):
+        pipeline.loop.step = step
+        trained.append(pipeline.rollout().version)
+        pipeline.launch_ahead()
+        assert len(pipeline.loop.pending_rollouts) == min(k, 5 - step)
+    assert trained == [1, 2, 3, 4, 5] and recorder.launched == 5  # each step trains its own, in launch order
+    launches = [n for kind, n in recorder.events if kind == "launch"]
+    assert launches == [1, 2, 3, 4, 5]
+    # step 1 launches its own rollout and the next k; every later step one more, until the last one is out
+    first_wait = recorder.events.index(("finish", 1))
+    assert recorder.events[:first_wait] == [("launch", 1)]
+    assert [n for kind, n in recorder.events[first_wait + 1 : recorder.events.index(("finish", 2))]
+            if kind == "launch"] == list(range(2, min(k + 2, 6)))
+
+
+def test_a_deterministic_run_waits_for_the_rollouts_in_flight_before_each_launch():
+    """The sync before a launch then never lands while a rollout generates, and two steps never fill at once."""
+    pipeline = RLVRPipeline(config("async_generation_ratio=3", "max_steps=6", "deterministic=true"))
+    recorder = LaunchRecorder(pipeline)
+    pipeline.loop.step = 1
+    pipeline.rollout()
+    pipeline.launch_ahead()
+    assert recorder.events == [("launch", 1), ("finish", 1), ("launch", 2), ("finish", 2), ("launch", 3),
+                               ("finish", 3), ("launch", 4)]
+    recorder.events.clear()
+    pipeline.loop.step = 2
+    pipeline.rollout()  # rollout 2, finished already
+    pipeline.launch_ahead()
+    assert recorder.events == [("finish", 4), ("launch", 5)]
+
+
+def test_a_resumed_run_with_fewer_steps_ahead_or_an_earlier_end_launches_nothing_more_until_it_catches_up():
+    """A checkpoint of a run further ahead, resumed with a smaller async_generation_ratio or an earlier max_steps:
+    the restored rollouts are trained in turn, and nothing is launched past either bound."""
+    cases = (  # (overrides, the first step resumed, rollouts held, launches counted after each step)
+        (("async_generation_ratio=2", "max_steps=20"), 5, 4, [0, 0, 1]),  # steps 5-8 held, 2 ahead: one at step 7
+        (("async_generation_ratio=3", "max_steps=4"), 3, 4, [0, 0]),  # steps 3-6 held, the run ends at 4
+    )
+    for overrides, first, held, launched in cases:
+        pipeline = RLVRPipeline(config(*overrides))
+        recorder = LaunchRecorder(pipeline)
+        pipeline.loop.pending_rollouts = [Rollout(version=v, batch=Batch(), metrics={}) for v in range(held)]
+        counts = []
+        for pipeline.loop.step in range(first, first + len(launched)):
+            pipeline.rollout()
+            pipeline.launch_ahead()
+            counts.append(recorder.launched)
+        assert counts == launched, overrides
+
+
+def test_async_generation_ratio_is_a_whole_number_of_steps():
+    assert config("async_generation_ratio=3").config.async_steps == 3
+    assert config().config.async_steps == 0
+    for bad in ("1.5", "-1"):
+        assert "async_generation_ratio: must be a whole number >= 0" in errors(f"async_generation_ratio={bad}")
 
 
 def test_sequence_weights_and_geometric_rejection_on_the_pipeline_batch():

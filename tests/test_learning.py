@@ -43,14 +43,17 @@ def small_math_config(example: str, tmp_path, tiny_model, tracking_uri: str | No
     return cfg
 
 
-# GRPO once more with async rollouts: each batch is generated one update behind, corrected by truncated IS.
+# GRPO once more with async rollouts: each batch is generated one update behind, corrected by truncated IS; and
+# two steps ahead, where weight syncs land while rollouts generate (partial rollouts: tokens 1 or 2 updates old).
 ASYNC = {"async_generation_ratio": 1.0, "infer_is_cap": 2.0}
+ASYNC_2 = {"async_generation_ratio": 2.0, "infer_is_cap": 2.0}
 #: The cases, by name: (example config, overrides). benchmarks/learning_spread.py measures the same ones.
 CASES = {
     "grpo": ("grpo.yaml", {}),
     "dapo": ("dapo.yaml", {}),
     "ppo_gae": ("ppo_gae.yaml", {}),
     "grpo_async": ("grpo.yaml", ASYNC),
+    "grpo_async_2": ("grpo.yaml", ASYNC_2),
 }
 
 
@@ -75,12 +78,19 @@ def test_example_config_raises_validation_accuracy(example, extra, tmp_path, tin
     start, end = summary["start"]["val_correct/all/mean"], summary["end"]["val_correct/all/mean"]
     print(f"{example} {extra}: val_correct/all/mean {start:.3f} at step 0 -> {end:.3f} at step {summary['steps']}")
     assert summary["steps"] == STEPS
-    staleness = [pipeline.loop.history[s]["offpolicy/staleness"] for s in range(1, STEPS + 1)]
-    if extra:  # every batch after the first was generated one update behind, and weighted for it
+    history = [pipeline.loop.history[s] for s in range(1, STEPS + 1)]
+    staleness = [m["offpolicy/staleness"] for m in history]
+    k = int(extra.get("async_generation_ratio", 0))
+    if k == 1:  # every batch after the first was generated one update behind, and weighted for it
         assert staleness == [0.0] + [1.0] * (STEPS - 1)
-        assert all(pipeline.loop.history[s]["offpolicy/is_weight_mean"] > 0 for s in range(1, STEPS + 1))
+    elif k == 2:  # steps 1 and 2 train what the first weights sampled; later tokens are 1 or 2 updates old
+        assert staleness[:2] == [0.0, 1.0]
+        assert all(1.0 <= m["offpolicy/staleness_min"] <= m["offpolicy/staleness_max"] <= 2.0 for m in history[2:])
+        assert [m["offpolicy/buffered_rollouts"] for m in history] == [2.0] * (STEPS - 2) + [1.0, 0.0]
     else:
         assert staleness == [0.0] * STEPS
+    if k:
+        assert all(m["offpolicy/is_weight_mean"] > 0 for m in history)
     # At least 2 more of the 32 prompts answered right. Measured with `python -m benchmarks.learning_spread --seeds
     # 1 2 3 4 5` and `--seeds 6 7 8 9 10` (2026-11-25, the reference build of tiny-qwen2, which starts at 0.781 = 25
     # of 32 prompts): gains after 20 steps, min / median / max over the 10 seeds: GRPO +3/+4/+5, DAPO +3/+4/+5,
@@ -91,7 +101,10 @@ def test_example_config_raises_validation_accuracy(example, extra, tmp_path, tin
     # same on machines with the same kind of processor, not on all (roll_core/models/embedded.py): the AMD
     # EPYC's build b26823ba passed here too, and so did the weakest of four seeds' builds (seed 2, which starts at
     # 0.156: `--seeds 1 2 --model DIR/tiny-qwen2` on 2026-11-25 gave GRPO +3/+3, DAPO +2/+6, PPO+GAE +3/+4, async
-    # GRPO +5/+5; DAPO's +2 is on the bound). Before the build was pinned, a machine with other vector units built
+    # GRPO +5/+5; DAPO's +2 is on the bound). Two steps ahead (grpo_async_2, measured 2026-12-03 on the Intel build
+    # 0df32600, seeds 1-5, the runs `python -m benchmarks.learning_spread --cases grpo_async_2` makes): +3/+5/+3/+3/+3,
+    # and +4 in the test's own run; every batch from step 3 on was 2 updates old (no sync landed mid-rollout here:
+    # each rollout was done before the sync that followed it). Before the build was pinned, a machine with other vector units built
     # a model that started at 0.594 and gained 1-2 prompts here. (The build of 2026-11-24, which started at 0.719,
     # gained +4 at least on 5 seeds; the bound was 3 then.)
     gained = round((end - start) * PROMPTS)

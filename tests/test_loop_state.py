@@ -13,7 +13,14 @@ from roll_core.algorithms.kl import AdaptiveKLController
 from roll_core.algorithms.mixing import MixState
 from roll_core.algorithms.shaping import DomainRewardMoments
 from roll_core.batch import Batch
-from roll_pipeline.driver.loop_state import CODECS, PENDING_ROLLOUT_FILE, FirstValidation, LoopState, Rollout
+from roll_pipeline.driver.loop_state import (
+    CODECS,
+    PENDING_ROLLOUT_FILE,
+    FirstValidation,
+    LoopState,
+    Rollout,
+    pending_rollout_file,
+)
 from roll_pipeline.driver.significance import PromptOutcome
 
 
@@ -43,9 +50,11 @@ PLAYED = {
     "first_val": lambda: FirstValidation(0, {"p1": PromptOutcome("add", 0, 2)}),
     "mixer": lambda: MixState(rate={"math": 2.5}, accuracy={"math": 0.4, "code": 0.2}, gain={"code": 0.1}),
     "reward_moments": moments,
-    "pending_rollout": lambda: Rollout(
-        version=4, batch=Batch({"scores": torch.tensor([1.0, 0.0])}, {"id": ["a", "b"]}), metrics={"rollout/x": 3.0}
-    ),
+    "pending_rollouts": lambda: [
+        Rollout(version=4, batch=Batch({"scores": torch.tensor([1.0, 0.0])}, {"id": ["a", "b"]}),
+                metrics={"rollout/x": 3.0}),
+        Rollout(version=5, batch=Batch({"scores": torch.tensor([0.5])}, {"id": ["c"]}), metrics={"rollout/x": 1.0}),
+    ],
 }
 
 
@@ -53,8 +62,8 @@ def comparable(name: str, value):
     """A field's value in a form == compares (objects by their state)."""
     if name in ("kl_ctrl", "mixer", "reward_moments"):
         return value.state_dict()
-    if name == "pending_rollout" and value is not None:
-        return (value.version, value.refs, value.batch.tensors["scores"].tolist(), value.batch.meta, value.metrics)
+    if name == "pending_rollouts":
+        return [(r.version, r.refs, r.batch.tensors["scores"].tolist(), r.batch.meta, r.metrics) for r in value]
     return value
 
 
@@ -84,43 +93,58 @@ def test_every_field_round_trips_through_a_checkpoint(tmp_path):
     assert isinstance(next(iter(restored.history)), int)
 
 
-def test_without_a_pending_rollout_no_file_is_written_and_none_comes_back(tmp_path):
+def test_without_pending_rollouts_no_file_is_written_and_none_come_back(tmp_path):
     loop = played()
-    loop.pending_rollout = None
+    loop.pending_rollouts = []
     state = loop.checkpoint(tmp_path)
-    assert not (tmp_path / PENDING_ROLLOUT_FILE).exists()
-    restored = LoopState(kl_ctrl=kl_controller(), pending_rollout=PLAYED["pending_rollout"]())
+    assert not any(tmp_path.iterdir())
+    restored = LoopState(kl_ctrl=kl_controller(), pending_rollouts=PLAYED["pending_rollouts"]())
     restored.load_checkpoint(state, tmp_path)
-    assert restored.pending_rollout is None
+    assert restored.pending_rollouts == []
+
+
+def test_pending_rollouts_come_back_in_their_order_each_from_its_file(tmp_path):
+    state = played().checkpoint(tmp_path)
+    assert state["pending_rollouts"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PENDING_ROLLOUT_FILE, pending_rollout_file(1)]
+    restored = LoopState(kl_ctrl=kl_controller())
+    restored.load_checkpoint(state, tmp_path)
+    assert [r.version for r in restored.pending_rollouts] == [4, 5]
 
 
 def test_a_fresh_loop_starts_before_step_one_with_nothing_trained():
     """The run's loop begins at step 1 (step + 1), and actor_infer's weights (version 0) need no sync before it."""
     fresh = LoopState(kl_ctrl=kl_controller())
     assert (fresh.step, fresh.trained_version, fresh.history) == (0, 0, {})
-    assert fresh.val_outcomes is None and fresh.first_val is None and fresh.pending_rollout is None
+    assert fresh.val_outcomes is None and fresh.first_val is None and fresh.pending_rollouts == []
 
 
-def test_a_checkpoint_from_before_the_loop_state_finds_its_pending_rollout_by_its_file(tmp_path):
-    state = played().checkpoint(tmp_path)
-    del state["pending_rollout"]  # older state files have no key for it: the file alone says
-    restored = LoopState(kl_ctrl=kl_controller())
-    restored.load_checkpoint(state, tmp_path)
-    assert comparable("pending_rollout", restored.pending_rollout) == comparable("pending_rollout", played().pending_rollout)
+def test_checkpoints_of_one_step_ahead_runs_load_their_one_pending_rollout(tmp_path):
+    """Before rollouts went several steps ahead, the state file said `pending_rollout: true` (or false), and
+    before the loop state, nothing: the file alone said."""
+    loop = played()
+    loop.pending_rollouts = loop.pending_rollouts[:1]
+    state = loop.checkpoint(tmp_path)
+    expected = comparable("pending_rollouts", loop.pending_rollouts)
+    del state["pending_rollouts"]
+    for old in ({"pending_rollout": True}, {}):
+        restored = LoopState(kl_ctrl=kl_controller())
+        restored.load_checkpoint({**state, **old}, tmp_path)
+        assert comparable("pending_rollouts", restored.pending_rollouts) == expected, old
     (tmp_path / PENDING_ROLLOUT_FILE).unlink()
     restored = LoopState(kl_ctrl=kl_controller())
-    restored.load_checkpoint(state, tmp_path)
-    assert restored.pending_rollout is None
+    restored.load_checkpoint({**state, "pending_rollout": False}, tmp_path)
+    assert restored.pending_rollouts == []
 
 
 def test_a_pending_rollout_whose_file_is_missing_is_an_error(tmp_path):
     state = played().checkpoint(tmp_path)
-    (tmp_path / PENDING_ROLLOUT_FILE).unlink()
-    with pytest.raises(FileNotFoundError, match="names a pending rollout"):
+    (tmp_path / pending_rollout_file(1)).unlink()
+    with pytest.raises(FileNotFoundError, match=r"pending_rollout_1\.pt: the checkpoint's state names 2 pending rollout\(s\)"):
         LoopState(kl_ctrl=kl_controller()).load_checkpoint(state, tmp_path)
 
 
 def test_a_launched_rollout_is_refused(tmp_path):
-    loop = LoopState(kl_ctrl=kl_controller(), pending_rollout=Rollout(version=1, refs={"math": object()}))
+    loop = LoopState(kl_ctrl=kl_controller(), pending_rollouts=[Rollout(version=1, refs={"math": object()})])
     with pytest.raises(ValueError, match="collected before a checkpoint"):
         loop.checkpoint(tmp_path)

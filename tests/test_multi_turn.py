@@ -63,6 +63,8 @@ class Policy:
         self.aborted: list[str] = []
         self.gate = asyncio.Event()
         self.gate.set()
+        self.versions: int | None = None
+        """When set: each answer's tokens carry this weights version, and the next call's the next one."""
 
     def answer(self, context: str) -> str:
         a, b = re.search(r"mul (\d+) (\d+)", context).groups()
@@ -93,6 +95,9 @@ class Policy:
         }
         if self.log_probs:
             out["infer_log_probs"] = -torch.tensor([[0.5] * len(r) + [0.0] * (width - len(r)) for r in rows])
+        if self.versions is not None:  # a weight sync after every call: each turn has the next version
+            out["token_versions"] = torch.full_like(out["response_ids"], self.versions)
+            self.versions += 1
         return out
 
     def abort(self, request_ids):
@@ -168,6 +173,20 @@ def test_a_trajectory_calls_the_tool_and_its_final_answer_is_scored_with_the_who
     # what the reports read: each response's turns and tool use, and its trajectory
     assert batch["turns"].tolist() == [2.0] * (2 * N) and batch["tool_calls"].tolist() == [1.0] * (2 * N)
     assert batch["tool_s"].tolist() == [0.25] * (2 * N) and batch.meta["trajectory"][0] == sample["trajectory"]
+
+
+def test_a_sync_between_two_turns_gives_the_second_turn_the_newer_version():
+    policy = Policy()
+    policy.versions = 7
+    s = make(multi_turn(), rows("mul 123 456"), Handle(policy).obj)
+    batch, _ = run(s, 1)
+    versions, model, tool = batch["token_versions"], batch["response_mask"] > 0, batch["tool_mask"] > 0
+    first_turn = len(TOK.encode("<python>\nprint(123*456)\n</python>", add_special_tokens=False))
+    for row in range(N):
+        on = (model[row] | tool[row]).nonzero().flatten()
+        assert versions[row, on[:first_turn]].eq(7).all()  # the call
+        assert versions[row][tool[row]].eq(7).all()  # the tool's answer: the version of the turn before it
+        assert versions[row][model[row]][first_turn:].eq(8).all()  # the final answer, after the sync
 
 
 def test_the_reports_show_tool_use_and_whole_trajectories():

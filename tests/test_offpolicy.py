@@ -15,6 +15,7 @@ from roll_core.algorithms.offpolicy import (
     level_log_ratios,
     offpolicy_metrics,
     rejection_keep,
+    staleness_metrics,
     truncated_is_weights,
 )
 
@@ -209,3 +210,39 @@ def test_a_response_with_no_valid_token_has_log_ratio_0_at_every_level():
     assert level_log_ratios(old, infer, mask, "geometric").tolist() == [[1.5], [0.0]]
     assert level_log_ratios(old, infer, mask, "sequence").tolist() == [[3.0], [0.0]]
     assert rejection_keep(old, infer, mask, "geometric", 0.1, 10.0).tolist() == [[1.0, 1.0], [0.0, 0.0]]
+
+
+def test_staleness_counts_each_token_from_the_version_that_sampled_it():
+    """Step with 7 updates so far: row 0 sampled wholly by version 5 (age 2), row 1 by 5 then, after a sync
+    landed, by 6 (a partial rollout), row 2 by 6 with its last column padding (version 3 there, not counted)."""
+    versions = torch.tensor([[5, 5, 5], [5, 6, 6], [6, 6, 3]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    metrics = staleness_metrics(7, versions, mask, generated_with=5)
+    ages = [2, 2, 2, 2, 1, 1, 1, 1]
+    assert metrics == {
+        "offpolicy/staleness": pytest.approx(sum(ages) / len(ages)),
+        "offpolicy/staleness_min": 1.0,
+        "offpolicy/staleness_max": 2.0,
+        "offpolicy/partial_frac": pytest.approx(1 / 3),
+    }
+
+
+def test_staleness_without_versions_or_tokens_is_the_rollout_s_version():
+    mask = torch.ones(2, 3)
+    expected = {"offpolicy/staleness": 3.0, "offpolicy/staleness_min": 3.0, "offpolicy/staleness_max": 3.0,
+                "offpolicy/partial_frac": 0.0}
+    assert staleness_metrics(5, None, mask, generated_with=2) == expected
+    assert staleness_metrics(5, torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3), generated_with=2) == expected
+
+
+def test_a_response_without_tokens_is_not_counted_as_partial():
+    versions = torch.tensor([[1, 2], [4, 4]])
+    mask = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    assert staleness_metrics(4, versions, mask, generated_with=0)["offpolicy/partial_frac"] == 0.0
+
+
+def test_staleness_is_the_difference_of_versions():
+    """Updates so far minus the version: 8 - 3 = 5 and 8 - 4 = 4 (a remainder or an exclusive or gives 2, 0, 11, 12)."""
+    metrics = staleness_metrics(8, torch.tensor([[3, 4]]), torch.ones(1, 2), generated_with=0)
+    assert (metrics["offpolicy/staleness_min"], metrics["offpolicy/staleness_max"]) == (4.0, 5.0)
+    assert metrics["offpolicy/staleness"] == 4.5

@@ -124,11 +124,11 @@ def played(driver: Driver) -> Driver:
     loop.mixer = MixState(rate={"math": 2.5}, accuracy={"math": 0.4, "code": 0.2}, gain={"code": 0.1})
     loop.reward_moments["math"].update(torch.tensor([1.0, 0.0, 0.5]))
     loop.kl_ctrl.update(0.2, 8)
-    loop.pending_rollout = Rollout(
-        version=4,
-        batch=Batch({"scores": torch.tensor([1.0, 0.0])}, {"id": ["a", "b"]}),
-        metrics={"rollout/x": 3.0},
-    )
+    loop.pending_rollouts = [
+        Rollout(version=4, batch=Batch({"scores": torch.tensor([1.0, 0.0])}, {"id": ["a", "b"]}),
+                metrics={"rollout/x": 3.0}),
+        Rollout(version=5, batch=Batch({"scores": torch.tensor([0.5])}, {"id": ["c"]}), metrics={"rollout/x": 1.0}),
+    ]
     return driver
 
 
@@ -170,9 +170,10 @@ def test_a_restored_driver_has_every_piece_of_state_the_saved_one_had(tmp_path):
     expected = {**state_of(saved), "global_step": 7}
     assert state_of(fresh) == expected
     assert isinstance(next(iter(fresh.loop.history)), int)
-    assert fresh.loop.pending_rollout.version == 4 and fresh.loop.pending_rollout.metrics == {"rollout/x": 3.0}
-    assert fresh.loop.pending_rollout.refs is None
-    assert fresh.loop.pending_rollout.batch["scores"].tolist() == [1.0, 0.0] and fresh.loop.pending_rollout.batch.meta["id"] == ["a", "b"]
+    first, second = fresh.loop.pending_rollouts
+    assert first.version == 4 and first.metrics == {"rollout/x": 3.0} and first.refs is None
+    assert first.batch["scores"].tolist() == [1.0, 0.0] and first.batch.meta["id"] == ["a", "b"]
+    assert second.version == 5 and second.batch["scores"].tolist() == [0.5] and second.batch.meta["id"] == ["c"]
     # The clusters: weights first, then the synced version; schedulers, then each actor_infer worker's RNG.
     assert fresh.runtime.actor_train.calls == [("load_checkpoint", str(path / "actor_train"))]
     assert fresh.runtime.critic.calls == [("load_checkpoint", str(path / "critic"))]
@@ -207,9 +208,9 @@ def test_a_run_without_critic_tracker_pending_rollout_or_outcomes(tmp_path):
     path = saved.save_checkpoint(1)
     assert not (path / PENDING_ROLLOUT_FILE).exists() and not (path / "critic").exists()
     fresh = Driver(tmp_path, critic=False, tracker=False)
-    fresh.loop.pending_rollout = None
+    fresh.loop.pending_rollouts = [Rollout(version=1)]
     state = fresh.restore(path)
-    assert fresh.loop.pending_rollout is None and fresh.loop.val_outcomes is None and fresh.loop.first_val is None
+    assert fresh.loop.pending_rollouts == [] and fresh.loop.val_outcomes is None and fresh.loop.first_val is None
     assert state["mlflow_run_id"] is None and state["mlflow_spool"] is None
 
 

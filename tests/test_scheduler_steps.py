@@ -81,6 +81,8 @@ class Infer:
         """(request id, prompts, seed, weights version) per call."""
         self.aborted: list[str] = []
         self.weights: list[tuple[object, int]] = []
+        self.versions: int | None = None
+        """When set: answers carry token_versions, this version on each row's first token and the next on the rest."""
 
     async def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None):
         self.requests.append((request_id, len(prompts), seed, weights_version))
@@ -112,6 +114,9 @@ class Infer:
             self.clock.now += self.tick_s
         if self.log_probs:
             out["infer_log_probs"] = -out["response_mask"] * torch.arange(1, len(rows) + 1)[:, None]
+        if self.versions is not None:  # the versions that sampled each token: the next one from the second on
+            out["token_versions"] = torch.full_like(out["response_ids"], self.versions)
+            out["token_versions"][:, 1:] += 1
         return out
 
     def release(self, *ks):
@@ -300,6 +305,39 @@ def test_no_filters_draw_exactly_the_share(caplog):
     assert m["scheduler/math/surplus"] == 0 and m["scheduler/math/aborted"] == 0
     assert m["scheduler/math/bound"] == 6 * 2  # max_prompts_factor 2 of math_code.yaml
     assert s.state_dict()["pass_rate"] == 1.0  # (6 + 1) / (6 + 1)
+
+
+def test_steps_asked_for_at_once_fill_one_after_the_other_in_the_order_asked():
+    """Rollouts launched several steps ahead (async_generation_ratio >= 2) reach the scheduler before the one in
+    front of them is full: each waits for the step before, so the draws, call numbers and ledger go in step order."""
+    infer = Infer()
+    infer.gate.clear()
+    s = make(config(), rows_of(["same1", "half"] * 10), infer)
+
+    async def both():
+        first = asyncio.ensure_future(s.get_batch(2, N, ARGS))
+        second = asyncio.ensure_future(s.get_batch(3, N, ARGS))
+        await settle()
+        calls_while_held = {r[0].split("/")[1] for r in infer.requests}
+        infer.gate.set()
+        return calls_while_held, await first, await second
+
+    calls_while_held, (a, _), (b, _) = asyncio.run(both())
+    assert calls_while_held == {"0"}  # the second step sent nothing while the first was filling
+    calls = [r[0].split("/")[1] for r in infer.requests]
+    assert calls == sorted(calls) and set(calls) == {"0", "1"}
+    # the same prompts as two steps asked for one after the other
+    one_by_one = make(config(), rows_of(["same1", "half"] * 10), Infer())
+    assert (ids(a), ids(b)) == (ids(step(one_by_one, 2)[0]), ids(step(one_by_one, 3)[0]))
+
+
+def test_the_batch_keeps_the_version_that_sampled_each_token():
+    infer = Infer()
+    infer.versions = 4
+    batch, _ = step(make(config(), rows_of(["half"] * 4), infer), 2)
+    versions, mask = batch["token_versions"], batch["response_mask"]
+    assert versions.shape == mask.shape
+    assert versions[:, 0].eq(4).all() and versions[:, 1:][mask[:, 1:] > 0].eq(5).all()
 
 
 def test_the_in_flight_cap_and_the_expected_pass_rate_size_the_draws():

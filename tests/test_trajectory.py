@@ -47,6 +47,21 @@ def test_a_trajectory_keeps_model_and_tool_tokens_apart():
     assert cut.final_answer() == "<python>x</python>"
 
 
+def test_a_trajectory_keeps_the_version_that_sampled_each_token():
+    """A sync between two turns (or inside one) gives the later tokens the newer version; a tool's tokens carry the
+    version of the turn before them; padding repeats the last one (under no mask)."""
+    t = Trajectory(prompt=[1])
+    t.add_turn([10, 11], None, "<python>x</python>", "stop", versions=[3, 4])
+    t.add_tool([20, 21], "7", EnvStep("7", tool_calls=1))
+    t.add_turn([12], None, "7", "stop", versions=[5])
+    short = Trajectory(prompt=[1])
+    short.add_turn([13, 16], None, "7", "stop", versions=[6, 7])
+    unversioned = Trajectory(prompt=[1])
+    unversioned.add_turn([14, 15], None, "7", "stop")
+    rows = trajectory_rows([t, short, unversioned, Trajectory(prompt=[1])], pad_id=0, with_log_probs=False)
+    assert rows["token_versions"].tolist() == [[3, 4, 4, 4, 5], [6, 7, 7, 7, 7], [0] * 5, [0] * 5]
+
+
 @pytest.mark.parametrize(
     "args",
     [GeneratingArgs(max_new_tokens=8, temperature=1.0), GeneratingArgs(max_new_tokens=8, temperature=0.8, top_k=6)],

@@ -202,3 +202,14 @@ def test_a_stop_string_ends_a_vllm_response_as_it_ends_a_transformers_one(engine
         assert assert_cut_at_the_stop(engine.tokenizer, plain, stopped, stops) >= 1
         kept = stopped["response_mask"] > 0
         assert torch.allclose(stopped["infer_log_probs"][kept], plain["infer_log_probs"][kept], atol=1e-5)
+
+
+def test_every_token_of_a_vllm_call_has_the_version_asked_before_it(engine):
+    """vLLM runs a generate call to its end with one set of weights (a sync waits for the call): `version_now` is
+    asked once, before the call, and every token of every row carries its answer."""
+    ids, mask = prompts(engine)
+    asked = []
+    out = engine.generate(ids, mask, GeneratingArgs(max_new_tokens=8), 2, version_now=lambda: asked.append(None) or 7)
+    assert len(asked) == 1
+    assert out["token_versions"].shape == out["response_ids"].shape and out["token_versions"].eq(7).all()
+    assert "token_versions" not in engine.generate(ids, mask, GREEDY, 1)

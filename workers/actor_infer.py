@@ -17,6 +17,7 @@ from roll_core.config import GeneratingArgs, PipelineConfig
 from roll_core.data.loading import collate_prompts
 from workers.base import Worker, load_rng_states, release_free_memory, rng_states
 from workers.inference.request_batcher import Request, RequestBatcher
+from workers.inference.weight_swap import WeightSwap
 
 
 class StaleWeightsError(RuntimeError):
@@ -48,8 +49,8 @@ class ActorInferWorker(Worker):
         self.batcher = RequestBatcher(self._run_batch, max_sequences=section.infer_batch_size, name="actor_infer")
         self._ids = itertools.count()
         self.with_log_probs = pipeline_config.needs_infer_log_probs
-        self.weights_version = 0
-        """0: the weights the worker started with; each update_weights names the version it brings."""
+        self.swap = WeightSwap(self.strategy.load_state_dict, self.batcher.generation_lock)
+        """Weight syncs, loaded between two tokens of a generating batch (partial rollouts) or between batches."""
         self.stats: list[dict[str, int]] = []
         """Per batch run, in order: sequences, tokens generated (up to each row's end) and decode steps (the
         strategy's forward passes, where it counts them)."""
@@ -68,8 +69,10 @@ class ActorInferWorker(Worker):
 
         A request with a `seed` runs as a batch of its own, sampled from that seed: its responses then depend on
         nothing but its prompts, the weights and the seed (deterministic runs). A request that names a
-        `weights_version` this worker does not hold raises StaleWeightsError."""
-        if weights_version is not None and weights_version != self.weights_version:
+        `weights_version` newer than this worker holds raises StaleWeightsError; one that names an older version
+        is served with the weights held (a sync landed after it was sent), and `token_versions` (B, R) says which
+        version sampled each token."""
+        if weights_version is not None and weights_version > self.weights_version:
             raise StaleWeightsError(
                 f"{self.name}[{self.rank}] holds weights version {self.weights_version}, the request needs "
                 f"{weights_version}"
@@ -109,11 +112,15 @@ class ActorInferWorker(Worker):
         with self.batcher.generation_lock:
             self.strategy.sleep(discard_weights)
 
+    @property
+    def weights_version(self) -> int:
+        """The weights this worker holds: 0 those it started with, else the version the last sync brought."""
+        return self.swap.version
+
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
-        with self.batcher.generation_lock:
-            self.strategy.load_state_dict(state_dict)
-            if version is not None:
-                self.weights_version = version
+        """Load actor_train's weights: between two tokens of the batch generating now (its rows go on with them:
+        a partial rollout), or at once when none is; returns when they are loaded (workers/inference/weight_swap.py)."""
+        self.swap.offer(state_dict, version)
 
     def rng_state(self) -> dict[str, Any]:
         """The global RNG states (what unseeded sampling draws from), for checkpoints."""
@@ -140,6 +147,7 @@ class ActorInferWorker(Worker):
             is_aborted=lambda p: is_aborted(owner[p]),
             seed=seed,
             with_log_probs=self.with_log_probs,
+            version_now=self.swap.apply,
         )
         self.stats.append(
             {
@@ -158,7 +166,7 @@ class ActorInferWorker(Worker):
                     "response_ids": out["response_ids"][rows].clone(),
                     "response_mask": out["response_mask"][rows].clone(),
                     "finish_reason": out["finish_reason"][rows],
-                    **({"infer_log_probs": out["infer_log_probs"][rows].clone()} if "infer_log_probs" in out else {}),
+                    **{key: out[key][rows].clone() for key in ("infer_log_probs", "token_versions") if key in out},
                 }
             )
         return results

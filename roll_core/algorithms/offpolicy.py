@@ -119,3 +119,30 @@ def correction_metrics(
         keep = rejection_keep(old_log_probs, infer_log_probs, mask, rs_level, *bounds)
         metrics["offpolicy/rs_rejected_frac"], metrics["offpolicy/rs_rejected_seq_frac"] = shares(keep == 0)
     return metrics
+
+
+def staleness_metrics(
+    trained_version: int, token_versions: torch.Tensor | None, mask: torch.Tensor, generated_with: int
+) -> dict[str, float]:
+    """How many updates old the batch is when this step trains on it (`trained_version` updates so far):
+    offpolicy/staleness (the mean over the tokens where mask is 1), staleness_min and staleness_max, each token
+    counted from the weights version that sampled it (`token_versions`, (B, R)); and offpolicy/partial_frac, the
+    share of responses whose tokens came from more than one version (a weight sync landed while they generated).
+    Without token_versions, or without a token under mask, every token counts as sampled by `generated_with`."""
+    on = mask > 0
+    if token_versions is None or not bool(on.any()):
+        age = float(trained_version - generated_with)
+        return {"offpolicy/staleness": age, "offpolicy/staleness_min": age, "offpolicy/staleness_max": age,
+                "offpolicy/partial_frac": 0.0}
+    ages = (trained_version - token_versions[on]).double()
+    big = torch.iinfo(torch.long).max
+    newest = torch.where(on, token_versions, torch.full_like(token_versions, -big)).amax(1)
+    oldest = torch.where(on, token_versions, torch.full_like(token_versions, big)).amin(1)
+    rows = on.any(1)
+    partial = (newest[rows] != oldest[rows]).double().mean()
+    return {
+        "offpolicy/staleness": float(ages.mean()),
+        "offpolicy/staleness_min": float(ages.min()),
+        "offpolicy/staleness_max": float(ages.max()),
+        "offpolicy/partial_frac": float(partial),
+    }

@@ -51,9 +51,13 @@ class PipelineConfig:
     max_checkpoints_to_keep: int = 2
     """Checkpoints kept under output_dir/checkpoints; older ones are deleted after a new one is complete."""
     async_generation_ratio: float = 0.0
-    """0: synchronous, each step generates with the weights it trains. 1: the next step's rollout is generated
-    while this step trains, with the weights from before this step's update, so every batch is one update old
-    (staleness exactly 1; more is not supported). Pair it with infer_is_cap."""
+    """0: synchronous, each step generates with the weights it trains. k (a whole number >= 1): rollouts are
+    generated up to k steps ahead of the step that trains on them, while earlier steps train: each step's rollout
+    is launched k steps before it, with the weights of then, so its tokens are at most k updates old. With k >= 2
+    a weight sync lands while rollouts are generating and they go on with the new weights (partial rollouts: each
+    token keeps the version that sampled it, batch key token_versions); with `deterministic: true` a sync waits for
+    them instead, so every rollout is exactly k updates old. Pair it with an off-policy correction (infer_is_cap or
+    offpolicy_correction)."""
     infer_is_cap: float | None = None
     """Truncated importance sampling between the policy that generated a batch (actor_infer's log-probs of the
     tokens it sampled) and actor_train's policy before the update: each token's policy-gradient term is weighted
@@ -163,8 +167,11 @@ class PipelineConfig:
             yield "eval_steps" if self.eval_steps < 0 else "save_steps", "must be >= 0"
         if self.max_checkpoints_to_keep < 1:
             yield "max_checkpoints_to_keep", "must be >= 1"
-        if self.async_generation_ratio not in (0.0, 1.0):
-            yield "async_generation_ratio", f"must be 0 (synchronous) or 1 (one step ahead), got {self.async_generation_ratio}"
+        if self.async_generation_ratio < 0 or self.async_generation_ratio != int(self.async_generation_ratio):
+            yield (
+                "async_generation_ratio",
+                f"must be a whole number >= 0 (0: synchronous, k: up to k steps ahead), got {self.async_generation_ratio}",
+            )
         if self.infer_is_cap is not None and self.infer_is_cap <= 0:
             yield "infer_is_cap", "must be > 0 (or null: off)"
         if self.infer_is_cap is not None and self.offpolicy_correction.is_level is not None:
@@ -230,7 +237,7 @@ class PipelineConfig:
         if self.actor_infer.offload_states and self.async_generation_ratio > 0:
             yield (
                 "actor_infer.offload_states",
-                "cannot be on with async_generation_ratio 1: generation runs during the update, on its own GPUs",
+                "cannot be on with async_generation_ratio > 0: generation runs during the update, on its own GPUs",
             )
         max_new = self.actor_infer.generating_args.max_new_tokens
         blocks = [("reward_shaping", self.reward_shaping)]
@@ -275,6 +282,11 @@ class PipelineConfig:
         low = self.pg_clip if self.pg_clip_low is None else self.pg_clip_low
         high = self.pg_clip if self.pg_clip_high is None else self.pg_clip_high
         return low, high
+
+    @property
+    def async_steps(self) -> int:
+        """How many steps ahead rollouts are generated (async_generation_ratio); 0: synchronous."""
+        return int(self.async_generation_ratio)
 
     @property
     def needs_infer_log_probs(self) -> bool:

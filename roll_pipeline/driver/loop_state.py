@@ -3,7 +3,7 @@
 Every field of `LoopState` has a codec in `CODECS` (how it is written into the checkpoint's state file and read
 back), and `checkpoint` / `load_checkpoint` walk the fields, so a field without one cannot be saved, and one that
 is saved is also restored (tests/test_loop_state.py round-trips every field). The one field with tensors, the
-async run's pending rollout, goes to a file of its own beside the state file.
+async run's pending rollouts, goes to files of their own beside the state file.
 
 What is not here: the workers' states (actor_train's and the critic's DeepSpeed states, RNGs) and the
 schedulers' data positions live in their processes and are gathered by run_state.py; which weights actor_infer
@@ -26,6 +26,11 @@ from roll_core.batch import Batch
 from roll_pipeline.driver.significance import PromptOutcome, outcomes_from_table, outcomes_table
 
 PENDING_ROLLOUT_FILE = "pending_rollout.pt"
+"""The first pending rollout's file; the next ones are pending_rollout_1.pt, pending_rollout_2.pt, ..."""
+
+
+def pending_rollout_file(index: int) -> str:
+    return PENDING_ROLLOUT_FILE if index == 0 else f"pending_rollout_{index}.pt"
 
 
 @dataclass
@@ -66,8 +71,9 @@ class LoopState:
     """What the domain mixer has measured (roll_core/algorithms/mixing.py)."""
     reward_moments: DomainRewardMoments = field(default_factory=DomainRewardMoments)
     """The running reward moments of reward shaping's normalisation, per domain."""
-    pending_rollout: Rollout | None = None
-    """Async: the next step's rollout, launched during this step (collected before a checkpoint)."""
+    pending_rollouts: list[Rollout] = field(default_factory=list)
+    """Async: the rollouts of the next steps, oldest first, launched during this step and the ones before
+    (collected before a checkpoint)."""
 
     def checkpoint(self, folder: Path) -> dict[str, Any]:
         """The state file's part of every field (plain JSON), the pending rollout's tensors written to `folder`."""
@@ -102,27 +108,29 @@ def _loaded_into(current: Any, saved: Any) -> Any:
     return current
 
 
-def _save_rollout(rollout: Rollout | None, folder: Path) -> bool:
-    if rollout is None:
-        return False
-    if rollout.batch is None:
-        raise ValueError("a launched rollout is collected before a checkpoint (the pipeline's _settle)")
-    torch.save({"version": rollout.version, "batch": rollout.batch, "metrics": rollout.metrics},
-               folder / PENDING_ROLLOUT_FILE)
-    return True
+def _save_rollouts(rollouts: list[Rollout], folder: Path) -> int:
+    for index, rollout in enumerate(rollouts):
+        if rollout.batch is None:
+            raise ValueError("a launched rollout is collected before a checkpoint (the pipeline's _settle)")
+        torch.save({"version": rollout.version, "batch": rollout.batch, "metrics": rollout.metrics},
+                   folder / pending_rollout_file(index))
+    return len(rollouts)
 
 
-def _load_rollout(_: Any, saved: bool | None, folder: Path) -> Rollout | None:
-    """The rollout the state file says was pending (`saved`: whether one was); a checkpoint from before the state
-    file said so (None) has one where its file is."""
-    path = folder / PENDING_ROLLOUT_FILE
+def _load_rollouts(_: Any, saved: int | None, folder: Path) -> list[Rollout]:
+    """The rollouts the state file says were pending (`saved`: how many; checkpoints of one-step-ahead runs wrote
+    true or false); a checkpoint from before the state file said so (None) has one where its file is."""
     if saved is None:
-        saved = path.exists()
-    if not saved:
-        return None
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: the checkpoint's state names a pending rollout, but its file is missing")
-    return Rollout(**torch.load(path, weights_only=False))
+        saved = int((folder / PENDING_ROLLOUT_FILE).exists())
+    rollouts = []
+    for index in range(int(saved)):
+        path = folder / pending_rollout_file(index)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path}: the checkpoint's state names {int(saved)} pending rollout(s), but this file is missing"
+            )
+        rollouts.append(Rollout(**torch.load(path, weights_only=False)))
+    return rollouts
 
 
 def _outcomes_codec() -> Codec:
@@ -150,5 +158,5 @@ CODECS: dict[str, Codec] = {
     "reward_moments": Codec(
         save=lambda m, _: m.state_dict(), load=lambda m, saved, _: _loaded_into(m, saved)
     ),
-    "pending_rollout": Codec(save=_save_rollout, load=_load_rollout, file=True),
+    "pending_rollouts": Codec(save=_save_rollouts, load=_load_rollouts, file=True),
 }

@@ -19,7 +19,12 @@ from roll_core.algorithms import ADVANTAGES, DOMAIN_MIXERS, KL_CONTROLLERS
 from roll_core.algorithms.advantages import advantage_metrics, place_at_last_token, postprocess_advantages
 from roll_core.algorithms.kl import kl_penalty_rewards
 from roll_core.algorithms.mixing import observe_rollout, observe_validation
-from roll_core.algorithms.offpolicy import correction_metrics, importance_weights, rejection_keep
+from roll_core.algorithms.offpolicy import (
+    correction_metrics,
+    importance_weights,
+    rejection_keep,
+    staleness_metrics,
+)
 from roll_core.algorithms.shaping import shape_scores
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import ResolvedConfig, domain_shares
@@ -79,7 +84,8 @@ class RLVRPipeline:
         self.resumed_from: Path | None = None
         self.weights_version = 0
         """The weights actor_infer holds: the number of actor updates they include."""
-        self.is_async = self.cfg.async_generation_ratio > 0
+        self.async_steps = self.cfg.async_steps
+        """Rollouts are launched up to this many steps ahead of the step that trains on them (0: synchronous)."""
 
     # ------------------------------------------------------------------------------------------- set-up
 
@@ -124,16 +130,18 @@ class RLVRPipeline:
     def step(self) -> dict[str, float]:
         """One RL step: rollout, log-probs, importance weights, values, rewards, advantages, update, weight sync.
 
-        With async_generation_ratio 1 the next step's rollout is launched right after this one's is collected,
-        with the weights from before this step's update, and generates while this step trains; the weights go
-        to actor_infer just before that launch instead of after the update."""
+        With async_generation_ratio k, once this step's rollout is collected the rollouts of the next k steps are
+        in flight (those not launched yet are launched now, with the weights from before this step's update) and
+        generate while this step trains; the weights go to actor_infer just before a launch instead of after the
+        update."""
         timer = StepTimer()
         with timer.stage("rollout"):
             rollout = self.rollout()
         batch, metrics = rollout.batch, rollout.metrics
-        if self.is_async and self.loop.step < self.cfg.max_steps:
+        if self.async_steps:
             with timer.stage("sync_weights"):
-                self.loop.pending_rollout = self.launch_rollout()
+                self.launch_ahead()
+            metrics["offpolicy/buffered_rollouts"] = float(len(self.loop.pending_rollouts))
         with timer.stage("log_probs"):
             batch = self.compute_log_probs(batch)
         with timer.stage("importance_weights"):
@@ -150,7 +158,7 @@ class RLVRPipeline:
         self.log_train_samples(batch)
         with timer.stage("train"):
             metrics |= self.train(batch)
-        if not self.is_async:
+        if not self.async_steps:
             with timer.stage("sync_weights"):
                 self.ensure_synced()
         metrics |= {f"time/{name}_s": s for name, s in timer.seconds.items()}
@@ -161,9 +169,19 @@ class RLVRPipeline:
         return metrics
 
     def rollout(self) -> Rollout:
-        """This step's rollout: the one launched during the last step (async), or a new one; waited for."""
-        pending, self.loop.pending_rollout = self.loop.pending_rollout, None
-        return self.finish_rollout(pending or self.launch_rollout())
+        """This step's rollout: the oldest one launched ahead (async), or a new one; waited for."""
+        pending = self.loop.pending_rollouts
+        return self.finish_rollout(pending.pop(0) if pending else self.launch_rollout())
+
+    def launch_ahead(self) -> None:
+        """Async: launch the rollouts of the next async_steps steps that are not in flight yet (none past
+        max_steps). With `deterministic` each waits for those before it first: the weight sync before a launch then
+        never lands while a rollout generates, and the schedulers' draws never depend on timing."""
+        pending = self.loop.pending_rollouts
+        while len(pending) < self.async_steps and self.loop.step + len(pending) < self.cfg.max_steps:
+            if self.cfg.deterministic:
+                self._finish_pending()
+            pending.append(self.launch_rollout())
 
     def launch_rollout(self) -> Rollout:
         """Every domain's scheduler starts filling its share of rollout_batch_size prompts, each prompt with a
@@ -214,10 +232,15 @@ class RLVRPipeline:
                 cluster.call("offload_states")
 
     def importance_weights(self, batch: Batch, generated_with: int) -> tuple[Batch, dict[str, float]]:
-        """How off-policy the batch is (offpolicy/*: staleness in updates, the ratios between the policy that
-        sampled it and actor_train's, and what the corrections cut), and the corrections cfg.correction asks for:
-        the importance weights (`infer_is_weights`) and the rejection (`offpolicy_keep`, which loss_mask applies)."""
-        metrics = {"offpolicy/staleness": float(self.loop.trained_version - generated_with)}
+        """How off-policy the batch is (offpolicy/*: staleness in updates, per token from the versions that
+        sampled them, or `generated_with` for a batch without them; the ratios between the policy that sampled it
+        and actor_train's, and what the corrections cut), and the corrections cfg.correction asks for: the
+        importance weights (`infer_is_weights`) and the rejection (`offpolicy_keep`, which loss_mask applies). The
+        ratios read actor_infer's log-probs of each token, which the version that sampled it computed: a response
+        sampled across a weight sync is corrected token by token against the weights of each part."""
+        metrics = staleness_metrics(
+            self.loop.trained_version, batch.tensors.get("token_versions"), batch["response_mask"], generated_with
+        )
         if "infer_log_probs" not in batch:
             return batch, metrics
         mask, correction = loss_mask(batch), self.cfg.correction
@@ -522,11 +545,15 @@ class RLVRPipeline:
     # ------------------------------------------------------------------------------------------- helpers
 
     def _settle(self) -> None:
-        """Finish an async rollout in flight (it keeps its batch for the next step) and give actor_infer the
+        """Finish the async rollouts in flight (each keeps its batch for its step) and give actor_infer the
         current weights: before validating, and before a checkpoint (whose scheduler states then match)."""
-        if self.loop.pending_rollout is not None:
-            self.loop.pending_rollout = self.finish_rollout(self.loop.pending_rollout)
+        self._finish_pending()
         self.ensure_synced()
+
+    def _finish_pending(self) -> None:
+        """Wait for the rollouts launched ahead, oldest first."""
+        pending = self.loop.pending_rollouts
+        pending[:] = [self.finish_rollout(r) for r in pending]
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         metrics = metrics | self.memory()

@@ -133,6 +133,27 @@ def cut_at_stops(
     return responses, mask * (~after).float(), finish
 
 
+class _VersionTrace(StoppingCriteria):
+    """Which weights sampled each token of a generate call: `version_now()` is asked before the first token and
+    after every token, and may load newer weights then (partial rollouts: the worker swaps weights between two
+    tokens); `versions[t]` is the version that sampled token t. Never stops a row."""
+
+    def __init__(self, version_now: Callable[[], int]) -> None:
+        self.version_now = version_now
+        self.versions = [version_now()]
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        self.versions.append(self.version_now())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def version_rows(versions: list[int], rows: int, width: int) -> torch.Tensor:
+    """(rows, width) long: token t of every row sampled by `versions[t]`; columns past the last token repeat the
+    last version (padding, under no mask)."""
+    steps = versions[:width] + [versions[min(width, len(versions)) - 1]] * max(0, width - len(versions))
+    return torch.tensor(steps, dtype=torch.long).expand(rows, width).clone()
+
+
 class HFInferStrategy:
     """A transformers model on this worker's device (workers/devices.py): prompts go there, results come back
     on the CPU."""
@@ -194,19 +215,23 @@ class HFInferStrategy:
         is_aborted: Callable[[int], bool] | None = None,
         seed: int | None = None,
         with_log_probs: bool = False,
+        version_now: Callable[[], int] | None = None,
     ) -> dict[str, object]:
         """Sample `num_return_sequences` responses per prompt; rows come out grouped by prompt (i * n + j).
 
         `is_aborted(prompt_index)`, checked after every token, stops that prompt's rows early (their output is
         then unfinished and the caller discards it). `seed`, when given, seeds the sampling first, so the same
         prompts give the same responses (the caller runs one seeded request at a time). `with_log_probs` adds
-        `infer_log_probs` (B, R): each token's log-probability under the sampling distribution."""
+        `infer_log_probs` (B, R): each token's log-probability under the sampling distribution. `version_now()`,
+        asked before each call's first token and after every token, names the weights version that samples the
+        next token and may load newer weights in between (the worker's partial rollouts); the result then has
+        `token_versions` (B, R): the version that sampled each token."""
         self.wake_up()
         gen_cfg = self.generation_config(args, num_return_sequences)
         if seed is not None:
             torch.manual_seed(seed)
         prompts_per_call = max(1, self.config.infer_batch_size // num_return_sequences)
-        outs, log_probs, ends = [], [], []
+        outs, log_probs, ends, versions = [], [], [], []
         for start in range(0, prompt_ids.shape[0], prompts_per_call):
             ids = prompt_ids[start : start + prompts_per_call].to(self.device)
             mask = prompt_mask[start : start + prompts_per_call].to(self.device)
@@ -216,6 +241,9 @@ class HFInferStrategy:
             stops = _StopStrings(self.tokenizer, args.stop, ids.shape[1]) if args.stop else None
             if stops is not None:
                 stopping.append(stops)
+            trace = _VersionTrace(version_now) if version_now is not None else None
+            if trace is not None:
+                stopping.append(trace)
             out = generate_sharing_prefill(
                 self.model,
                 ids,
@@ -227,6 +255,8 @@ class HFInferStrategy:
             )
             responses = out.sequences[:, ids.shape[1] :]
             outs.append(responses.cpu())
+            if trace is not None:
+                versions.append(trace.versions)
             ends += [None if stops is None else stops.ends.get(row) for row in range(responses.shape[0])]
             if with_log_probs:
                 log_probs.append(sampled_log_probs(out.scores, responses).cpu())
@@ -241,6 +271,10 @@ class HFInferStrategy:
         # Forward passes of the decode loop, over the calls (each runs to its longest row): the work done, as
         # benchmarks compare it with another trainer's.
         result["decode_steps"] = sum(o.shape[1] for o in outs)
+        if version_now is not None:
+            result["token_versions"] = torch.cat(
+                [version_rows(v, o.shape[0], width) for v, o in zip(versions, outs, strict=True)]
+            )
         if with_log_probs:
             padded = [torch.nn.functional.pad(lp, (0, width - lp.shape[1])) for lp in log_probs]
             result["infer_log_probs"] = torch.cat(padded) * response_mask

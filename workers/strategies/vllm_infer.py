@@ -249,13 +249,17 @@ class VLLMInferStrategy:
         is_aborted: Callable[[int], bool] | None = None,
         seed: int | None = None,
         with_log_probs: bool = False,
+        version_now: Callable[[], int] | None = None,
     ) -> dict[str, Any]:
         """Same contract as HFInferStrategy.generate: rows grouped by prompt (i * n + j). vLLM schedules the whole
         call with continuous batching; an abort takes effect between calls (the batcher drops aborted requests).
-        `seed` seeds the request's sampling (vLLM keeps a generator per request)."""
+        `seed` seeds the request's sampling (vLLM keeps a generator per request). `version_now()` is asked once,
+        before the call: `llm.generate` runs to its end with one set of weights, so a weight sync waits for it
+        (no partial rollouts inside a call here) and every token of the call has that version."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        version = version_now() if version_now is not None else None
         self.check_weights()
         self.wake_up()
         prompts = [
@@ -268,7 +272,10 @@ class VLLMInferStrategy:
             for out in outputs
             for c in out.outputs
         ]
-        return outputs_to_tensors(completions, self.pad_id)
+        result = outputs_to_tensors(completions, self.pad_id)
+        if version is not None:
+            result["token_versions"] = torch.full_like(result["response_ids"], version)
+        return result
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy actor_train's weights into the running engine without restarting it: bucket by bucket (at most
