@@ -7,6 +7,8 @@ with transformers, as actor_train and the reference load it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -204,12 +206,81 @@ def test_a_stop_string_ends_a_vllm_response_as_it_ends_a_transformers_one(engine
         assert torch.allclose(stopped["infer_log_probs"][kept], plain["infer_log_probs"][kept], atol=1e-5)
 
 
-def test_every_token_of_a_vllm_call_has_the_version_asked_before_it(engine):
-    """vLLM runs a generate call to its end with one set of weights (a sync waits for the call): `version_now` is
-    asked once, before the call, and every token of every row carries its answer."""
+def test_every_token_of_a_vllm_call_without_a_sync_has_the_version_asked_before_it(engine):
+    """`version_now` is asked before the first engine step and after each; with no sync every token of every row
+    carries the version it answered."""
     ids, mask = prompts(engine)
     asked = []
     out = engine.generate(ids, mask, GeneratingArgs(max_new_tokens=8), 2, version_now=lambda: asked.append(None) or 7)
-    assert len(asked) == 1
+    assert len(asked) >= 8  # before the first step and after each: at least one step per token
     assert out["token_versions"].shape == out["response_ids"].shape and out["token_versions"].eq(7).all()
     assert "token_versions" not in engine.generate(ids, mask, GREEDY, 1)
+
+
+def flat(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights whose final norm is zero: every logit 0 whatever the context (the KV cache of the tokens before a
+    sync included), so a token they sample has log-probability exactly -log(vocabulary) at temperature 1."""
+    return weights | {"model.norm.weight": torch.zeros_like(weights["model.norm.weight"])}
+
+
+def sync_after(engine, new_weights, steps: int, version: int = 1):
+    """A `version_now` that loads `new_weights` (as `version`) when asked after engine step `steps`, as
+    WeightSwap.apply loads a sync offered while the call generates."""
+    asked = []
+
+    def version_now() -> int:
+        asked.append(None)
+        if len(asked) == steps + 1:
+            engine.load_state_dict(new_weights)
+        return version if len(asked) > steps else 0
+
+    return version_now
+
+
+def test_a_sync_between_two_engine_steps_goes_on_with_the_requests_and_labels_each_token(engine, weights, tiny_model):
+    """Partial rollouts on vLLM: a sync loaded between two engine steps keeps the requests (and their KV cache) in
+    vLLM's scheduler; their later tokens come from the new weights. vLLM's weight-version spans label each token
+    with the weights that sampled it, wherever the engine process stood when this loop asked: the tokens labelled 0
+    are exactly those of a run without the sync (same seed), those labelled 1 have the flat weights' log-prob."""
+    from transformers import AutoConfig
+
+    ids, mask = prompts(engine)
+    args = GeneratingArgs(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0)
+    plain = engine.generate(ids, mask, args, 2, seed=3, with_log_probs=True, version_now=lambda: 0)
+    try:
+        out = engine.generate(ids, mask, args, 2, seed=3, with_log_probs=True, version_now=sync_after(engine, flat(weights), 3))
+    finally:
+        engine.load_state_dict(weights)
+    kept, versions = out["response_mask"] > 0, out["token_versions"]
+    assert versions[kept].eq(0).any() and versions[kept].eq(1).any()
+    assert (versions[:, 1:] >= versions[:, :-1]).all()  # 0s then 1s in every row
+    assert ((kept & versions.eq(0)).any(1) & (kept & versions.eq(1)).any(1)).any()  # responses split by the sync
+    before, after = kept & versions.eq(0), kept & versions.eq(1)
+    width = out["response_ids"].shape[1]  # the run without the sync may have ended every row sooner
+    plain = {key: torch.nn.functional.pad(plain[key], (0, width - plain[key].shape[1])) for key in ("response_ids", "infer_log_probs")}
+    assert torch.equal(out["response_ids"][before], plain["response_ids"][before])
+    assert torch.allclose(out["infer_log_probs"][before], plain["infer_log_probs"][before], atol=1e-5)
+    vocabulary = AutoConfig.from_pretrained(tiny_model).vocab_size
+    uniform = torch.full_like(out["infer_log_probs"][after], -math.log(vocabulary))
+    assert torch.allclose(out["infer_log_probs"][after], uniform, atol=1e-5)
+    assert not torch.allclose(plain["infer_log_probs"][after], uniform, atol=1e-3)  # the old weights' differ
+    # the restored weights (loaded between calls) sample what they sampled before
+    again = engine.generate(ids, mask, args, 2, seed=3, with_log_probs=True, version_now=lambda: 0)
+    assert torch.equal(torch.nn.functional.pad(again["response_ids"], (0, width - again["response_ids"].shape[1])), plain["response_ids"])
+
+
+def test_prompt_blocks_cached_before_a_sync_in_flight_are_not_reused_after_it(engine, weights):
+    """A sync while requests run cannot drop vLLM's cached prefix blocks (the requests hold them); the next call
+    must not reuse them: after a sync in flight it generates what the same weights synced between calls do."""
+    ids, mask = prompts(engine, texts=[" ".join(f"{i}+{i + j}=" for i in range(24)) for j in range(3)])
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    assert int(mask.sum(1).min()) > block  # a full KV block of each prompt is cached
+    other = perturbed(weights)
+    try:
+        engine.load_state_dict(other)
+        synced_between = engine.generate(ids, mask, GREEDY, 1)["response_ids"]
+        engine.load_state_dict(weights)
+        engine.generate(ids, mask, GREEDY, 1, version_now=sync_after(engine, other, 2))
+        assert torch.equal(engine.generate(ids, mask, GREEDY, 1)["response_ids"], synced_between)
+    finally:
+        engine.load_state_dict(weights)

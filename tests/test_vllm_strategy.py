@@ -161,10 +161,18 @@ class RecordingLLM:
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
+        return True
 
-    def generate(self, prompts, params, use_tqdm=False, lora_request=None):
+    def enqueue(self, prompts, params, use_tqdm=False, lora_request=None):
         self.calls.append(("generate",))
         return []
+
+    @property
+    def llm_engine(self):  # the engine loop and its core: nothing runs
+        return SimpleNamespace(
+            has_unfinished_requests=lambda: False,
+            engine_core=SimpleNamespace(call_utility=lambda method, *args: self.calls.append((method,))),
+        )
 
 
 def sleeping_strategy():
@@ -173,6 +181,7 @@ def sleeping_strategy():
     strategy.sleeping, strategy.weights_discarded = set(), False
     strategy.lora, strategy.adapter = None, None
     strategy.bucket_bytes, strategy.eos_ids, strategy.pad_id = 2**20, [2], 0
+    strategy.loads, strategy.in_flight, strategy.prefix_cache_stale = 0, False, False
     return strategy
 
 
@@ -187,7 +196,8 @@ def test_sleep_drops_weights_only_before_a_sync_which_wakes_them_alone():
     strategy.load_state_dict({"model.norm.weight": torch.ones(4)})
     assert strategy.llm.calls[1] == ("wake_up", ("weights",))  # the KV cache stays free while training holds the GPU
     assert strategy.llm.calls[2:] == [
-        ("roll_begin_weight_update",), ("roll_load_weights",), ("roll_finish_weight_update",), ("reset_prefix_cache",)
+        ("roll_begin_weight_update",), ("roll_load_weights",), ("roll_finish_weight_update",),
+        ("set_weight_version",), ("reset_prefix_cache",),
     ]
     strategy.llm.calls.clear()
     strategy.generate(prompt, mask, GeneratingArgs(), 1)
@@ -204,3 +214,12 @@ def test_without_sleep_mode_nothing_sleeps():
     strategy.sleep_mode = False
     strategy.sleep(discard_weights=True)
     assert strategy.llm.calls == [] and not strategy.weights_discarded
+
+
+def test_token_versions_follow_vllms_weight_version_spans():
+    span = lambda label, start, end: SimpleNamespace(version=label, start=start, end=end)  # noqa: E731
+    versions = {"default": 4, "roll-sync-1": 5, "roll-sync-2": 7}
+    spans = [span("default", 0, 3), span("roll-sync-1", 3, 4), span("roll-sync-2", 4, 5)]
+    assert vllm_infer.token_versions(spans, versions, 4, 7).tolist() == [4, 4, 4, 5, 7, 7, 7]  # padding: the last
+    assert vllm_infer.token_versions(None, versions, 5, 3).tolist() == [5, 5, 5]  # no span reported: the start
+    assert vllm_infer.token_versions([span("roll-sync-2", 0, 2)], versions, 5, 2).tolist() == [7, 7]

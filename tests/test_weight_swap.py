@@ -105,6 +105,25 @@ def test_a_newer_offer_replaces_one_still_pending_and_both_syncs_return():
     assert out2 == {"returned": True} and model.weights == "w2" and model.loaded_in == [threading.current_thread().name]
 
 
+def test_an_older_offer_coming_after_a_newer_one_is_dropped_and_its_sync_returns():
+    """A sync resent to a restarted worker can arrive after the next one: the newer version is loaded whatever the
+    order the offers came in."""
+    model, lock = Model(), threading.Lock()
+    swap = WeightSwap(model.load, lock)
+    with lock:
+        newer, out_newer = offered(swap, "w3", 3)
+        older, out_older = offering(swap, "w2", 2)
+        older.join(5)
+        assert out_older == {"returned": True} and model.weights == "w0"
+        for again in (3, 2):  # an equal version is not newer either
+            thread, out = offering(swap, f"again{again}", again)
+            thread.join(5)
+            assert out == {"returned": True}
+        assert swap.apply() == 3
+    newer.join(5)
+    assert out_newer == {"returned": True} and model.weights == "w3" and swap.version == 3
+
+
 def test_an_offer_without_a_version_keeps_the_version():
     model, lock = Model(), threading.Lock()
     swap = WeightSwap(model.load, lock)

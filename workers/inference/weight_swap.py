@@ -2,7 +2,7 @@
 
 A weight sync hands its weights over (`WeightSwap.offer`) and returns once they are loaded. Whoever holds the
 generation lock loads them: the batch that is generating, between two of its tokens (its strategy asks
-`version_now()` there; the hf strategy after every token, vLLM's once per call), or the sync itself as soon as no
+`version_now()` there; the hf strategy after every token, vLLM's after every engine step), or the sync itself as soon as no
 batch runs. So a sync never waits for a whole rollout, the tokens sampled before it keep the version that sampled
 them, and the ones after come from the new weights (the KV cache of the tokens before is kept, as the peers'
 partial rollouts keep it).
@@ -39,12 +39,16 @@ class WeightSwap:
 
     def offer(self, state_dict: Any, version: int | None = None) -> None:
         """Load `state_dict` (as `version`) at the generating batch's next token, or now when none runs; returns
-        once it is loaded, and raises what loading it raised. An offer still pending when a newer one comes is
-        dropped (its caller returns: the newer weights replace it)."""
+        once it is loaded, and raises what loading it raised. Of two offers pending at once the newer version is
+        loaded and the other dropped (its caller returns: newer weights replace it), whichever came first: a
+        sync resent to a restarted worker may arrive after a newer one. Offers without a version: the later."""
         offer = _Offer(state_dict, version)
         with self._lock:
-            if self._pending is not None:
-                self._pending.done.set()
+            pending = self._pending
+            if pending is not None and not _newer(offer, pending):
+                return  # the pending offer brings newer weights
+            if pending is not None:
+                pending.done.set()
             self._pending = offer
         while not offer.done.is_set():
             if self.generation_lock.acquire(timeout=self.POLL_S):
@@ -69,3 +73,8 @@ class WeightSwap:
             finally:
                 offer.done.set()
         return self.version
+
+
+def _newer(offer: _Offer, than: _Offer) -> bool:
+    """Whether `offer` should replace `than`: a higher version, or either without one (then the later wins)."""
+    return offer.version is None or than.version is None or offer.version > than.version

@@ -165,6 +165,16 @@ def outputs_to_tensors(
     return out
 
 
+def token_versions(spans: Iterable[Any] | None, versions: Mapping[str, int], start: int, width: int) -> torch.Tensor:
+    """Each token's weights version, (width,), from vLLM's weight-version spans of one completion (`version`
+    label, `start`, `end` token indexes) and `versions` ({label: version}); tokens no span covers (none reported,
+    padding) get `start`, padding after the last span the last span's version."""
+    out = torch.full((width,), start, dtype=torch.long)
+    for span in spans or ():
+        out[span.start :] = versions[span.version]
+    return out
+
+
 def sampled_token_log_probs(token_ids: list[int], logprobs: list[Mapping[int, Any]] | None) -> list[float] | None:
     """The log-prob of each generated token from vLLM's per-position {token_id: Logprob} maps (None if absent)."""
     if logprobs is None:
@@ -236,6 +246,12 @@ class VLLMInferStrategy:
         except OSError:  # a checkpoint without generation_config.json: the tokenizer's eos
             generation_config = None
         self.eos_ids = eos_token_ids(SimpleNamespace(generation_config=generation_config), self.tokenizer)
+        self.loads = 0
+        """Weight syncs loaded so far; the engine labels the tokens each set of weights samples (`weight_label`)."""
+        self.in_flight = False
+        """True while `generate` steps the engine: a sync then keeps the requests in flight (partial rollouts)."""
+        self.prefix_cache_stale = False
+        """A sync could not drop vLLM's cached prefix blocks (requests in flight held them): the next call does."""
         self.sleeping: set[str] = set()
         """vLLM's sleep-mode tags whose memory is released now ("weights", "kv_cache")."""
         self.weights_discarded = False
@@ -253,29 +269,69 @@ class VLLMInferStrategy:
     ) -> dict[str, Any]:
         """Same contract as HFInferStrategy.generate: rows grouped by prompt (i * n + j). vLLM schedules the whole
         call with continuous batching; an abort takes effect between calls (the batcher drops aborted requests).
-        `seed` seeds the request's sampling (vLLM keeps a generator per request). `version_now()` is asked once,
-        before the call: `llm.generate` runs to its end with one set of weights, so a weight sync waits for it
-        (no partial rollouts inside a call here) and every token of the call has that version."""
+        `seed` seeds the request's sampling (vLLM keeps a generator per request).
+
+        Partial rollouts: this call runs vLLM's engine loop itself and asks `version_now()` before its first step
+        and after every engine step; a sync loaded there (`load_state_dict` while requests are in flight) pauses
+        vLLM's scheduler with the requests kept (their KV cache too), loads, and resumes, so the requests go on
+        with the new weights. vLLM labels each engine step's tokens with the weights version it ran with (its
+        weight-version spans), which gives every token its version exactly, whatever the lag between the engine
+        and this loop. With LoRA the adapters in use cannot change under a request: a sync waits for the call."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        version = version_now() if version_now is not None else None
+        versions = {self.weight_label: version_now()} if version_now is not None else None
         self.check_weights()
         self.wake_up()
+        if self.prefix_cache_stale:  # blocks cached while requests ran on across a sync: no request holds them now
+            self.prefix_cache_stale = not self.llm.reset_prefix_cache()
         prompts = [
             TokensPrompt(prompt_token_ids=row[m > 0].tolist()) for row, m in zip(prompt_ids, prompt_mask, strict=True)
         ]
         params = SamplingParams(**sampling_kwargs(args, num_return_sequences, self.eos_ids, seed, with_log_probs))
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
+        outputs = self.run_engine(
+            self.llm.enqueue(prompts, params, use_tqdm=False, lora_request=self.adapter),
+            versions if self.lora is None else None,
+            version_now,
+        )
         completions = [
             (list(c.token_ids), c.finish_reason, sampled_token_log_probs(list(c.token_ids), c.logprobs))
             for out in outputs
             for c in out.outputs
         ]
         result = outputs_to_tensors(completions, self.pad_id)
-        if version is not None:
-            result["token_versions"] = torch.full_like(result["response_ids"], version)
+        if versions is not None:
+            width = result["response_ids"].shape[1]
+            start = next(iter(versions.values()))  # the version asked before the first step
+            result["token_versions"] = torch.stack(
+                [
+                    token_versions(c.weight_versions, versions, start, width)
+                    for out in outputs
+                    for c in out.outputs
+                ]
+            ) if completions else torch.zeros_like(result["response_ids"])
         return result
+
+    def run_engine(
+        self, request_ids: list[str], versions: dict[str, int] | None, version_now: Callable[[], int] | None
+    ) -> list[Any]:
+        """Step vLLM's engine until the requests just enqueued (`request_ids`, the only ones: the generation lock is
+        held) end; their final outputs in the order enqueued (vLLM numbers its requests in that order, as
+        `LLM.generate` sorts them). With `versions` ({weight label: version}), `version_now()` is asked after every
+        step and may load a sync there (`load_state_dict` sees `in_flight` and keeps the requests); the label and
+        version it brings are added."""
+        engine, finished = self.llm.llm_engine, []
+        self.in_flight = True
+        try:
+            while engine.has_unfinished_requests():
+                finished += [output for output in engine.step() if output.finished]
+                if versions is not None and version_now is not None:
+                    versions[self.weight_label] = version_now()
+        finally:
+            self.in_flight = False
+        if len(finished) != len(request_ids):
+            raise RuntimeError(f"vLLM finished {len(finished)} requests of the {len(request_ids)} sent")
+        return sorted(finished, key=lambda output: int(output.request_id))
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy actor_train's weights into the running engine without restarting it: bucket by bucket (at most
@@ -286,13 +342,36 @@ class VLLMInferStrategy:
             self.load_adapter(state_dict)
             return
         self.wake_up(("weights",))
-        items = vllm_weight_items(state_dict, self.tie_word_embeddings)
-        self.llm.collective_rpc("roll_begin_weight_update")
-        for bucket in weight_buckets(items, self.bucket_bytes):
-            self.llm.collective_rpc("roll_load_weights", args=(pack_bucket(bucket),))
-        self.llm.collective_rpc("roll_finish_weight_update")
-        self.weights_discarded = False
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if self.in_flight:  # requests stay in vLLM's scheduler, with their KV cache, and go on after the load
+            self.engine_utility("pause_scheduler", "keep", False)
+        try:
+            items = vllm_weight_items(state_dict, self.tie_word_embeddings)
+            self.llm.collective_rpc("roll_begin_weight_update")
+            for bucket in weight_buckets(items, self.bucket_bytes):
+                self.llm.collective_rpc("roll_load_weights", args=(pack_bucket(bucket),))
+            self.llm.collective_rpc("roll_finish_weight_update")
+            self.weights_discarded = False
+            self.loads += 1
+            self.engine_utility("set_weight_version", self.weight_label)
+            # cached KV blocks were computed with the old weights; blocks that requests in flight hold stay until
+            # the next call
+            self.prefix_cache_stale = not self.llm.reset_prefix_cache()
+        finally:
+            if self.in_flight:
+                self.engine_utility("resume_scheduler")
+
+    @property
+    def weight_label(self) -> str:
+        """The label vLLM's engine gives the tokens the current weights sample ("default" until a sync)."""
+        return "default" if self.loads == 0 else f"roll-sync-{self.loads}"
+
+    def engine_utility(self, method: str, *args: Any) -> Any:
+        """Call one of vLLM's engine-core methods (pause_scheduler, resume_scheduler, set_weight_version) whether
+        the core runs in its own process (vLLM's default: a utility call) or in this one."""
+        core = self.llm.llm_engine.engine_core
+        if hasattr(core, "call_utility"):
+            return core.call_utility(method, *args)
+        return getattr(core.engine_core, method)(*args)
 
     def load_adapter(self, state: Mapping[str, torch.Tensor]) -> None:
         """The trained adapters as the engine's next version: written as a peft folder under `adapter_root`,
