@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from workers.inference.weight_swap import WeightSwap
 
 
@@ -92,36 +94,45 @@ def test_weights_that_fail_to_load_fail_the_sync_not_the_generating_batch():
     assert swap.version == 2
 
 
-def test_a_newer_offer_replaces_one_still_pending_and_both_syncs_return():
+def two_pending_offers(pending: tuple, coming: tuple) -> tuple[Model, int, list[str]]:
+    """Offers `pending` and then `coming` ((weights, version)) while a batch holds the generation lock, then lets
+    the batch take weights at its next token. The model, the version held after, and which sync returned before
+    the batch took any (the dropped one); both syncs must return without error."""
     model, lock = Model(), threading.Lock()
     swap = WeightSwap(model.load, lock)
     with lock:
-        first, out1 = offered(swap, "w1", 1)
-        second, out2 = offering(swap, "w2", 2)
-        first.join(5)
-        assert out1 == {"returned": True} and model.weights == "w0"
-        assert swap.apply() == 2
+        first, out1 = offered(swap, *pending)
+        second, out2 = offering(swap, *coming)
+        for _ in range(5000):
+            if not (first.is_alive() and second.is_alive()):
+                break
+            threading.Event().wait(0.001)
+        dropped = [name for name, thread in (("pending", first), ("coming", second)) if not thread.is_alive()]
+        assert model.weights == "w0"
+        version = swap.apply()
+    first.join(5)
     second.join(5)
-    assert out2 == {"returned": True} and model.weights == "w2" and model.loaded_in == [threading.current_thread().name]
+    assert out1 == out2 == {"returned": True}
+    assert model.loaded_in == [threading.current_thread().name]  # loaded once, by the batch
+    return model, version, dropped
 
 
-def test_an_older_offer_coming_after_a_newer_one_is_dropped_and_its_sync_returns():
-    """A sync resent to a restarted worker can arrive after the next one: the newer version is loaded whatever the
-    order the offers came in."""
-    model, lock = Model(), threading.Lock()
-    swap = WeightSwap(model.load, lock)
-    with lock:
-        newer, out_newer = offered(swap, "w3", 3)
-        older, out_older = offering(swap, "w2", 2)
-        older.join(5)
-        assert out_older == {"returned": True} and model.weights == "w0"
-        for again in (3, 2):  # an equal version is not newer either
-            thread, out = offering(swap, f"again{again}", again)
-            thread.join(5)
-            assert out == {"returned": True}
-        assert swap.apply() == 3
-    newer.join(5)
-    assert out_newer == {"returned": True} and model.weights == "w3" and swap.version == 3
+@pytest.mark.parametrize(
+    ("pending", "coming", "loaded", "version", "dropped"),
+    [
+        (("w1", 1), ("w2", 2), "w2", 2, "pending"),  # a newer offer replaces the pending one
+        # a sync resent to a restarted worker can arrive after the next one: the newer version is loaded whatever
+        # the order the offers came in; an equal version is not newer either
+        (("w3", 3), ("w2", 2), "w3", 3, "coming"),
+        (("w3", 3), ("again", 3), "w3", 3, "coming"),
+        (("w4", 4), ("w5", None), "w5", 0, "pending"),  # without a version: the later (the version is kept)
+    ],
+)
+def test_of_two_pending_offers_the_newer_version_is_loaded_and_both_syncs_return(
+    pending, coming, loaded, version, dropped
+):
+    model, held, returned_first = two_pending_offers(pending, coming)
+    assert (model.weights, held, returned_first) == (loaded, version, [dropped])
 
 
 def test_an_offer_without_a_version_keeps_the_version():
