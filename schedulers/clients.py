@@ -41,6 +41,9 @@ class InferClient:
         self.domain, self.workers = domain, workers
         self._next = itertools.cycle(range(len(workers)))
         self.weights_version, self.weights_ref = 0, None
+        self.pinned: tuple[int, int | None] | None = None
+        """Deterministic partial rollouts (partial_rollout_token): the version this fill's requests name and the
+        token at which they go on with the next one (None: they do not), set by the scheduler for one fill."""
 
     def next_worker(self) -> int:
         return next(self._next)
@@ -59,8 +62,9 @@ class InferClient:
             try:
                 if resync and self.weights_ref is not None:
                     await self.workers[worker].update_weights.remote(self.weights_ref, self.weights_version)
+                version, switch_at = self.pinned if self.pinned is not None else (self.weights_version, None)
                 return await self.workers[worker].generate_request.remote(
-                    request_id, prompts, args, n, seed, self.weights_version
+                    request_id, prompts, args, n, seed, version, switch_at
                 )
             except (ActorUnavailableError, StaleWeightsError) as exc:
                 if time.monotonic() > deadline:

@@ -118,13 +118,18 @@ class DynamicSamplingScheduler:
     # ------------------------------------------------------------------------------------------- a step
 
     async def get_batch(
-        self, num_prompts: int, group_size: int, args: GeneratingArgs
+        self, num_prompts: int, group_size: int, args: GeneratingArgs, pin: tuple[int, int | None] | None = None
     ) -> tuple[Batch, dict[str, float]]:
         """`num_prompts` groups of `group_size` scored responses that passed the filters, and the step's metrics
         (scheduler/<domain>/... and reward/<domain>/... over every group scored this step). Calls run one after
-        the other, in the order they came."""
+        the other, in the order they came. `pin` (partial_rollout_token): every request of this fill names that
+        (weights version, token at which it goes on with the next version)."""
         async with self._filling:
-            return await self._fill(num_prompts, group_size, args)
+            self.infer.pinned = pin
+            try:
+                return await self._fill(num_prompts, group_size, args)
+            finally:
+                self.infer.pinned = None
 
     async def _fill(self, num_prompts: int, group_size: int, args: GeneratingArgs) -> tuple[Batch, dict[str, float]]:
         bound = max(num_prompts, math.ceil(self.max_prompts_factor * num_prompts))

@@ -343,12 +343,16 @@ class LaunchRecorder:
     def __init__(self, pipeline: RLVRPipeline) -> None:
         self.events: list[tuple[str, int]] = []
         self.launched = 0
+        self.switches: list[int | None] = []
+        """Each launch's switch_at (partial_rollout_token)."""
         pipeline.launch_rollout = self.launch
         pipeline.finish_rollout = self.finish
+        pipeline.ensure_synced = lambda: self.events.append(("sync", pipeline.loop.step))
 
-    def launch(self) -> Rollout:
+    def launch(self, switch_at: int | None = None) -> Rollout:
         self.launched += 1
         self.events.append(("launch", self.launched))
+        self.switches.append(switch_at)
         return Rollout(version=self.launched)
 
     def finish(self, rollout: Rollout) -> Rollout:
@@ -391,6 +395,53 @@ def test_a_deterministic_run_waits_for_the_rollouts_in_flight_before_each_launch
     pipeline.rollout()  # rollout 2, finished already
     pipeline.launch_ahead()
     assert recorder.events == [("finish", 4), ("launch", 5)]
+
+
+def test_under_partial_rollout_token_launches_do_not_wait_and_syncs_come_before_each_wait():
+    """Each token's weights follow the rule, so nothing waits before a launch; a rollout launched ahead may wait
+    for the next version at its switch token, so the driver syncs before it waits for one (each step's rollout,
+    and _settle's rollouts in flight). During the critic's warm-up the actor is not updated: no switch then."""
+    pipeline = RLVRPipeline(
+        config("async_generation_ratio=3", "max_steps=6", "deterministic=true", "partial_rollout_token=5")
+    )
+    recorder = LaunchRecorder(pipeline)
+    pipeline.loop.step = 1
+    pipeline.rollout()
+    pipeline.launch_ahead()
+    assert recorder.events == [("sync", 1), ("launch", 1), ("finish", 1), ("launch", 2), ("launch", 3), ("launch", 4)]
+    assert recorder.switches == [None, 5, 5, 5]  # step 1's own rollout is launched with the weights it trains
+    recorder.events.clear()
+    pipeline.loop.step = 2
+    pipeline.rollout()
+    pipeline.launch_ahead()
+    assert recorder.events == [("sync", 2), ("finish", 2), ("launch", 5)]
+    recorder.events.clear()
+    pipeline._settle()
+    assert recorder.events == [("sync", 2), ("finish", 3), ("finish", 4), ("finish", 5), ("sync", 2)]
+
+    warming = RLVRPipeline(load_run_config(EXAMPLES / "ppo_gae.yaml", [
+        "async_generation_ratio=2", "max_steps=6", "deterministic=true", "partial_rollout_token=5", "critic_warmup=1",
+    ]))
+    recorder = LaunchRecorder(warming)
+    for warming.loop.step in (1, 2):
+        warming.rollout()
+        warming.launch_ahead()
+    assert recorder.switches == [None, None, None, 5]  # the rollouts launched at step 1 wait for no update
+
+
+def test_partial_rollout_token_errors_name_what_it_needs():
+    on = ("deterministic=true", "async_generation_ratio=2")
+    assert config(*on, "partial_rollout_token=3").config.partial_rule
+    assert "partial_rollout_token: must be >= 1" in errors(*on, "partial_rollout_token=0")
+    assert "partial_rollout_token: applies to deterministic runs" in errors(
+        "async_generation_ratio=2", "partial_rollout_token=3"
+    )
+    assert "partial_rollout_token: needs async_generation_ratio >= 1" in errors(
+        "deterministic=true", "partial_rollout_token=3"
+    )
+    assert "partial_rollout_token: needs the transformers engine" in errors(
+        *on, "partial_rollout_token=3", "actor_infer.strategy_args.strategy_name=vllm"
+    )
 
 
 def test_a_resumed_run_with_fewer_steps_ahead_or_an_earlier_end_launches_nothing_more_until_it_catches_up():

@@ -49,7 +49,7 @@ class ScriptedInfer:
         self.requests: list[str] = []
         self.aborted: list[str] = []
 
-    def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None):
+    def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None):
         self.requests.append(request_id)
         self.seeds[request_id] = seed
         k = int(request_id.rsplit("/", 1)[1])
@@ -333,7 +333,7 @@ class GatedInfer(ScriptedInfer):
         self.gate, self.limit_s = gate, limit_s
         self.waited_out: list[str] = []
 
-    def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None):
+    def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None):
         if not request_id.endswith("/0"):
             deadline = time.monotonic() + self.limit_s
             while not os.path.exists(self.gate):
@@ -341,7 +341,7 @@ class GatedInfer(ScriptedInfer):
                     self.waited_out.append(request_id)
                     break
                 time.sleep(0.01)
-        return super().generate_request(request_id, prompts, args, n, seed, weights_version)
+        return super().generate_request(request_id, prompts, args, n, seed, weights_version, switch_at)
 
     def gave_up(self):
         return list(self.waited_out)

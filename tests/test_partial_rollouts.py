@@ -58,8 +58,8 @@ def generate_with_a_sync_after(worker, tokens: int | None, seed: int = 5) -> dic
     asked = []
     reached, flat = threading.Event(), flat_weights(worker)
 
-    def apply() -> int:
-        asked.append(None)
+    def apply(token: int | None = None) -> int:
+        asked.append(token)
         if tokens is not None and len(asked) == tokens + 1:  # asked before the first token and after each
             reached.set()
             while worker.swap._pending is None:
@@ -111,3 +111,69 @@ def test_a_request_naming_an_older_version_is_served_and_a_newer_one_is_refused(
     assert out["token_versions"][out["response_mask"] > 0].eq(2).all()
     with pytest.raises(StaleWeightsError, match="holds weights version 2, the request needs 3"):
         worker.generate_request("new", [code_prompt(worker)], ARGS, 1, seed=1, weights_version=3)
+
+
+# --------------------------------------------------------------------------- deterministic: partial_rollout_token
+
+
+@pytest.fixture
+def rule_worker(tiny_model):
+    from workers.actor_infer import ActorInferWorker
+
+    threads = torch.get_num_threads()
+    cfg = load_config(EXAMPLES / "math_code.yaml", [
+        f"pretrain={tiny_model}", "async_generation_ratio=2", "infer_is_cap=2.0", "actor_infer.torch_threads=1",
+        "deterministic=true", f"partial_rollout_token={SWAP_AT}",
+    ]).config
+    try:
+        yield ActorInferWorker(pipeline_config=cfg, name="actor_infer", rank=0, world_size=1)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_rule_places_the_switch_at_its_token_whenever_the_sync_arrives(rule_worker):
+    """partial_rollout_token: a request launched with version 0 samples its first SWAP_AT tokens with 0 and the
+    rest with 1, waiting at token SWAP_AT when 1 has not come; the same tokens and log-probs whether the sync came
+    long after the request started or before it."""
+    w = rule_worker
+    start = {k: v.clone() for k, v in w.strategy.model.state_dict().items()}
+    w.update_weights(start, 0)  # the driver's first sync under the rule (kept, not loaded: the model holds it)
+    plain = w.generate_request("plain", [code_prompt(w)], ARGS, 3, seed=5, weights_version=0)
+    assert plain["token_versions"].eq(0).all()
+
+    late: dict = {}
+    thread = threading.Thread(
+        target=lambda: late.update(w.generate_request("late", [code_prompt(w)], ARGS, 3, 5, 0, SWAP_AT))
+    )
+    thread.start()
+    thread.join(2.0)
+    assert thread.is_alive() and not late  # waiting at token SWAP_AT for version 1
+    w.update_weights(flat_weights_of(start), 1, 0)  # returns at once: the request loads them
+    thread.join(120)
+    assert w.weights_version == 1
+    early = w.generate_request("early", [code_prompt(w)], ARGS, 3, 5, 0, SWAP_AT)  # both versions already held
+
+    for key in ("response_ids", "response_mask", "infer_log_probs", "token_versions"):
+        assert torch.equal(late[key], early[key]), key
+    mask, versions = late["response_mask"], late["token_versions"]
+    assert int((mask[:, SWAP_AT:].sum(-1) > 0).sum()) >= 2  # responses that went on past the switch
+    assert versions[:, :SWAP_AT].eq(0).all() and versions[:, SWAP_AT:].eq(1).all()
+    assert torch.equal(late["response_ids"][:, :SWAP_AT], plain["response_ids"][:, :SWAP_AT])
+    assert torch.equal(late["infer_log_probs"][:, :SWAP_AT], plain["infer_log_probs"][:, :SWAP_AT])
+    vocabulary = w.strategy.model.config.vocab_size
+    after = late["infer_log_probs"][:, SWAP_AT:][mask[:, SWAP_AT:] > 0]
+    assert torch.allclose(after, torch.full_like(after, -math.log(vocabulary)), atol=1e-5)
+    # Version 0 is loaded again for a request that names it: the plain request's output comes back.
+    again = w.generate_request("again", [code_prompt(w)], ARGS, 3, seed=5, weights_version=0)
+    assert torch.equal(again["response_ids"], plain["response_ids"])
+    # A sync that drops version 0 (no rollout in flight names it): a request naming it is an error, not served.
+    w.update_weights(flat_weights_of(start), 2, 2)
+    assert w.generate_request("newest", [code_prompt(w)], ARGS, 1, seed=5, weights_version=2)["token_versions"].eq(2).all()
+    with pytest.raises(RuntimeError, match=r"weights version 0 was dropped \(versions held: \[2\]\)"):
+        w.generate_request("dropped", [code_prompt(w)], ARGS, 1, seed=5, weights_version=0)
+
+
+def flat_weights_of(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    flat = {k: v.clone() for k, v in state.items()}
+    flat["model.norm.weight"].zero_()
+    return flat

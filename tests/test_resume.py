@@ -60,15 +60,18 @@ VARIANTS = {
         "dynamic_sampling": {"ledger": {"enabled": True, "retest_prob": 0.5}},
         "reward_audit": {"every_steps": 2},
     },
-    # Two and three steps ahead: a checkpoint holds two or three rollouts generated ahead, oldest first, with the
-    # versions that sampled their tokens. In a deterministic run every sync waits for the rollouts in flight (no
-    # partial rollouts: where a sync lands inside a response follows timing), so each is exactly k updates old.
-    # k = 2 with the response-level corrections (sequence weights, geometric rejection), k = 3 with TIS.
+    # Two and three steps ahead with partial rollouts: a checkpoint holds two or three rollouts generated ahead,
+    # oldest first, with the versions that sampled their tokens. Where a sync lands inside a response follows the
+    # partial_rollout_token rule, not timing: a rollout launched ahead with version v samples the first
+    # 2 tokens of each response with v and the rest with v + 1 (the tiny model's math answers are 3 to 8 tokens
+    # long: most responses are split). k = 2 with the response-level
+    # corrections (sequence weights, geometric rejection), k = 3 with TIS.
     "async_k2": {
         "async_generation_ratio": 2.0,
+        "partial_rollout_token": 2,
         "offpolicy_correction": {"is_level": "sequence", "rs_level": "geometric", "rs_upper": 1.5},
     },
-    "async_k3": {"async_generation_ratio": 3.0, "infer_is_cap": 2.0},
+    "async_k3": {"async_generation_ratio": 3.0, "partial_rollout_token": 2, "infer_is_cap": 2.0},
 }
 
 
@@ -206,9 +209,20 @@ def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(variant, tmp_pa
         assert len(set(coefs)) == len(coefs), f"the adaptive coefficient moves every step: {coefs}"
     if variant != "sync":
         k = int(VARIANTS[variant]["async_generation_ratio"])
-        for key in ("offpolicy/staleness", "offpolicy/staleness_max", "offpolicy/staleness_min"):
-            assert [v for _, v in a[key]] == [float(min(step - 1, k)) for step in range(1, STEPS + 1)], key
-        assert [v for _, v in a["offpolicy/partial_frac"]] == [0.0] * STEPS
+        oldest = [float(min(step - 1, k)) for step in range(1, STEPS + 1)]
+        assert [v for _, v in a["offpolicy/staleness_max"]] == oldest
+        partial = [v for _, v in a["offpolicy/partial_frac"]]
+        if "partial_rollout_token" in VARIANTS[variant]:
+            # Step 1's rollout is launched for itself (one version); every later one was launched ahead and took
+            # the next version at token 2 of each response that went on past it.
+            assert [v for _, v in a["offpolicy/staleness_min"]] == [0.0] + [x - 1 for x in oldest[1:]]
+            assert partial[0] == 0.0 and all(0.0 < x <= 1.0 for x in partial[1:]), partial
+            staleness = [v for _, v in a["offpolicy/staleness"]]
+            assert all(x - 1 < s < x for x, s in zip(oldest[1:], staleness[1:], strict=True)), staleness
+        else:
+            assert [v for _, v in a["offpolicy/staleness"]] == oldest
+            assert [v for _, v in a["offpolicy/staleness_min"]] == oldest
+            assert partial == [0.0] * STEPS
         assert [v for _, v in a["offpolicy/buffered_rollouts"]] == [float(min(k, STEPS - s)) for s in range(1, STEPS + 1)]
     assert any(k.startswith("scheduler/math/prompts_drawn") for k in compared)
     for key in a:

@@ -84,7 +84,7 @@ class Infer:
         self.versions: int | None = None
         """When set: answers carry token_versions, this version on each row's first token and the next on the rest."""
 
-    async def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None):
+    async def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None):
         self.requests.append((request_id, len(prompts), seed, weights_version))
         if self.unavailable:
             self.unavailable -= 1

@@ -17,6 +17,7 @@ from roll_core.config import GeneratingArgs, PipelineConfig
 from roll_core.data.loading import collate_prompts
 from workers.base import Worker, load_rng_states, release_free_memory, rng_states
 from workers.inference.request_batcher import Request, RequestBatcher
+from workers.inference.version_store import VersionStore
 from workers.inference.weight_swap import WeightSwap
 
 
@@ -51,6 +52,9 @@ class ActorInferWorker(Worker):
         self.with_log_probs = pipeline_config.needs_infer_log_probs
         self.swap = WeightSwap(self.strategy.load_state_dict, self.batcher.generation_lock)
         """Weight syncs, loaded between two tokens of a generating batch (partial rollouts) or between batches."""
+        self.store = VersionStore(self.strategy.load_state_dict) if pipeline_config.partial_rule else None
+        """Deterministic partial rollouts (partial_rollout_token): syncs are kept here, and each token loads the
+        version its request's rule names instead."""
         self.stats: list[dict[str, int]] = []
         """Per batch run, in order: sequences, tokens generated (up to each row's end) and decode steps (the
         strategy's forward passes, where it counts them)."""
@@ -63,6 +67,7 @@ class ActorInferWorker(Worker):
         num_return_sequences: int,
         seed: int | None = None,
         weights_version: int | None = None,
+        switch_at: int | None = None,
     ) -> dict[str, Any] | None:
         """Responses for a few prompts (token lists), `num_return_sequences` each, rows grouped by prompt:
         ``{"response_ids", "response_mask", "finish_reason"}``; None if the request was aborted.
@@ -71,14 +76,18 @@ class ActorInferWorker(Worker):
         nothing but its prompts, the weights and the seed (deterministic runs). A request that names a
         `weights_version` newer than this worker holds raises StaleWeightsError; one that names an older version
         is served with the weights held (a sync landed after it was sent), and `token_versions` (B, R) says which
-        version sampled each token."""
+        version sampled each token. With partial_rollout_token (self.store) the request is sampled by the version
+        it names, and from token `switch_at` of each generate call on by the next one (waiting for its sync)."""
         if weights_version is not None and weights_version > self.weights_version:
             raise StaleWeightsError(
                 f"{self.name}[{self.rank}] holds weights version {self.weights_version}, the request needs "
                 f"{weights_version}"
             )
-        key = (args, num_return_sequences) if seed is None else (args, num_return_sequences, request_id)
-        request = Request(request_id, prompts, num_return_sequences, key=key, payload=(args, seed))
+        rule = None
+        if self.store is not None:
+            rule = (self.weights_version if weights_version is None else weights_version, switch_at)
+        key = (args, num_return_sequences, rule) if seed is None else (args, num_return_sequences, request_id)
+        request = Request(request_id, prompts, num_return_sequences, key=key, payload=(args, seed, rule))
         return self.batcher.submit(request).result()
 
     def abort(self, request_ids: list[str]) -> int:
@@ -115,11 +124,18 @@ class ActorInferWorker(Worker):
     @property
     def weights_version(self) -> int:
         """The weights this worker holds: 0 those it started with, else the version the last sync brought."""
-        return self.swap.version
+        return self.swap.version if self.store is None else self.store.newest
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> None:
+    def update_weights(
+        self, state_dict: dict[str, torch.Tensor], version: int | None = None, keep_from: int | None = None
+    ) -> None:
         """Load actor_train's weights: between two tokens of the batch generating now (its rows go on with them:
-        a partial rollout), or at once when none is; returns when they are loaded (workers/inference/weight_swap.py)."""
+        a partial rollout), or at once when none is; returns when they are loaded (workers/inference/weight_swap.py).
+        With partial_rollout_token they are kept as `version` for the tokens that name it, and versions below
+        `keep_from` (no rollout in flight names them) are dropped (workers/inference/version_store.py)."""
+        if self.store is not None:
+            self.store.add(state_dict, self.store.newest + 1 if version is None else version, keep_from)
+            return
         self.swap.offer(state_dict, version)
 
     def rng_state(self) -> dict[str, Any]:
@@ -135,7 +151,7 @@ class ActorInferWorker(Worker):
         return results
 
     def _generate_batch(self, requests: list[Request], is_aborted) -> list[dict[str, Any]]:
-        args, seed = requests[0].payload  # a seeded request is alone in its batch (its key holds its id)
+        args, seed, rule = requests[0].payload  # a seeded request is alone in its batch (its key holds its id)
         n = requests[0].num_return_sequences
         owner = [i for i, r in enumerate(requests) for _ in r.prompts]
         prompt_ids, prompt_mask = collate_prompts([p for r in requests for p in r.prompts], self.pad_id)
@@ -147,7 +163,7 @@ class ActorInferWorker(Worker):
             is_aborted=lambda p: is_aborted(owner[p]),
             seed=seed,
             with_log_probs=self.with_log_probs,
-            version_now=self.swap.apply,
+            version_now=self.swap.apply if rule is None else self.store.rule(*rule),
         )
         self.stats.append(
             {

@@ -56,7 +56,7 @@ class PipelineConfig:
     is launched k steps before it, with the weights of then, so its tokens are at most k updates old. With k >= 2
     a weight sync lands while rollouts are generating and they go on with the new weights (partial rollouts: each
     token keeps the version that sampled it, batch key token_versions); with `deterministic: true` a sync waits for
-    them instead, so every rollout is exactly k updates old. Pair it with an off-policy correction (infer_is_cap or
+    them instead, so every rollout is exactly k updates old (or lands where partial_rollout_token says). Pair it with an off-policy correction (infer_is_cap or
     offpolicy_correction)."""
     infer_is_cap: float | None = None
     """Truncated importance sampling between the policy that generated a batch (actor_infer's log-probs of the
@@ -72,6 +72,15 @@ class PipelineConfig:
     exactly as the uninterrupted one would have. Each prompt's group is then generated on its own with a sampling
     seed of its own (no batching across prompts), and a domain's scheduler waits for every prompt it drew before
     it fills its share in draw order (no aborts). Slower; for debugging and for tests."""
+    partial_rollout_token: int | None = None
+    """Partial rollouts in a deterministic run, by a rule instead of timing (with `deterministic: true` and
+    async_generation_ratio >= 1). A rollout launched ahead with weights version v samples the first
+    partial_rollout_token tokens of each generate call with v and the rest with v + 1, the update of the step that
+    launched it (which always comes before the rollout is trained on); generation waits at that token until the
+    sync of v + 1 arrives. So where a sync lands inside a response is the same in every rerun and after `--resume`.
+    actor_infer keeps in host memory every version a rollout in flight still needs (up to k + 1 copies of the
+    weights). The transformers engine only (vLLM steps requests of every version together). null: a deterministic
+    run's weight syncs wait for the rollouts in flight (each rollout exactly k updates old)."""
     adv_estimator: str = "grpo"
     """Advantage estimator (roll_core/algorithms/advantages.py): `grpo` (group mean and std; DeepSeekMath,
     arXiv:2402.03300), `dr_grpo` (group mean only; Dr. GRPO, arXiv:2503.20783), `rloo` (leave-one-out group mean;
@@ -172,6 +181,7 @@ class PipelineConfig:
                 "async_generation_ratio",
                 f"must be a whole number >= 0 (0: synchronous, k: up to k steps ahead), got {self.async_generation_ratio}",
             )
+        yield from self._validate_partial_rollout_token()
         if self.infer_is_cap is not None and self.infer_is_cap <= 0:
             yield "infer_is_cap", "must be > 0 (or null: off)"
         if self.infer_is_cap is not None and self.offpolicy_correction.is_level is not None:
@@ -185,6 +195,30 @@ class PipelineConfig:
         yield from self._validate_algorithms()
         yield from self._validate_batch_division()
         yield from self._validate_lora()
+
+    def _validate_partial_rollout_token(self) -> Iterator[tuple[str, str]]:
+        token = self.partial_rollout_token
+        if token is None:
+            return
+        if token < 1:
+            yield "partial_rollout_token", f"must be >= 1 (or null), got {token}"
+        elif not self.deterministic:
+            yield "partial_rollout_token", (
+                "applies to deterministic runs (deterministic: true); other runs take a weight sync inside a "
+                "response wherever it arrives"
+            )
+        elif self.async_generation_ratio < 1:
+            yield "partial_rollout_token", "needs async_generation_ratio >= 1 (synchronous rollouts take no sync)"
+        elif self.actor_infer.strategy_args.strategy_name == "vllm":
+            yield "partial_rollout_token", (
+                "needs the transformers engine (actor_infer.strategy_args.strategy_name hf_infer): vLLM steps the "
+                "requests of every weights version together"
+            )
+
+    @property
+    def partial_rule(self) -> bool:
+        """Deterministic partial rollouts: each token's weights version follows partial_rollout_token."""
+        return self.partial_rollout_token is not None
 
     def _validate_lora(self) -> Iterator[tuple[str, str]]:
         if self.actor_train.lora is None:

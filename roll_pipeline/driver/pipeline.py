@@ -84,6 +84,7 @@ class RLVRPipeline:
         self.resumed_from: Path | None = None
         self.weights_version = 0
         """The weights actor_infer holds: the number of actor updates they include."""
+        self.synced_once = False
         self.async_steps = self.cfg.async_steps
         """Rollouts are launched up to this many steps ahead of the step that trains on them (0: synchronous)."""
 
@@ -169,29 +170,37 @@ class RLVRPipeline:
         return metrics
 
     def rollout(self) -> Rollout:
-        """This step's rollout: the oldest one launched ahead (async), or a new one; waited for."""
+        """This step's rollout: the oldest one launched ahead (async), or a new one; waited for. Under
+        partial_rollout_token the last update is synced first: the rollout may wait for it at its switch token."""
+        if self.cfg.partial_rule:
+            self.ensure_synced()
         pending = self.loop.pending_rollouts
         return self.finish_rollout(pending.pop(0) if pending else self.launch_rollout())
 
     def launch_ahead(self) -> None:
         """Async: launch the rollouts of the next async_steps steps that are not in flight yet (none past
         max_steps). With `deterministic` each waits for those before it first: the weight sync before a launch then
-        never lands while a rollout generates, and the schedulers' draws never depend on timing."""
+        never lands while a rollout generates, and the schedulers' draws never depend on timing. Under
+        partial_rollout_token none waits: each token's weights follow the rule, and a rollout launched before this
+        step's update takes it at the switch token (when this step updates the actor)."""
         pending = self.loop.pending_rollouts
+        switch_at = None if self.critic_warming_up() else self.cfg.partial_rollout_token
         while len(pending) < self.async_steps and self.loop.step + len(pending) < self.cfg.max_steps:
-            if self.cfg.deterministic:
+            if self.cfg.deterministic and not self.cfg.partial_rule:
                 self._finish_pending()
-            pending.append(self.launch_rollout())
+            pending.append(self.launch_rollout(switch_at))
 
-    def launch_rollout(self) -> Rollout:
+    def launch_rollout(self, switch_at: int | None = None) -> Rollout:
         """Every domain's scheduler starts filling its share of rollout_batch_size prompts, each prompt with a
-        scored group that passed the domain's filters, with the weights actor_train has now."""
+        scored group that passed the domain's filters, with the weights actor_train has now (under
+        partial_rollout_token: and from token `switch_at` on with the next version)."""
         self.ensure_synced()
         self.offload_trained_states()
         n = self.cfg.num_return_sequences_in_group
         args = self.cfg.actor_infer.generating_args
         probs, shares = self.domain_mix()
-        refs = {d: self.runtime.schedulers[d].get_batch.remote(share, n, args) for d, share in shares.items()}
+        pin = (self.weights_version, switch_at) if self.cfg.partial_rule else None
+        refs = {d: self.runtime.schedulers[d].get_batch.remote(share, n, args, pin) for d, share in shares.items()}
         mix = {f"mix/{d}": p for d, p in probs.items()} | {f"mix/{d}/prompts": float(k) for d, k in shares.items()}
         return Rollout(version=self.weights_version, refs=refs, metrics=mix)
 
@@ -379,8 +388,9 @@ class RLVRPipeline:
         return metrics
 
     def ensure_synced(self) -> None:
-        """actor_infer gets actor_train's weights if they changed since it last got them."""
-        if self.weights_version != self.loop.trained_version:
+        """actor_infer gets actor_train's weights if they changed since it last got them (under
+        partial_rollout_token also the first time: its rule may need them again after loading newer ones)."""
+        if self.weights_version != self.loop.trained_version or (self.cfg.partial_rule and not self.synced_once):
             self.sync_weights()
 
     def sync_weights(self) -> None:
@@ -397,7 +407,12 @@ class RLVRPipeline:
         else:
             weights = self.runtime.actor_train.workers[0].get_weights.remote()
         self.weights_version = self.loop.trained_version
-        self.runtime.actor_infer.call("update_weights", weights, self.weights_version)
+        if self.cfg.partial_rule:  # the versions the rollouts in flight were launched with stay on actor_infer
+            keep_from = min([self.weights_version] + [r.version for r in self.loop.pending_rollouts if r.batch is None])
+            self.runtime.actor_infer.call("update_weights", weights, self.weights_version, keep_from)
+        else:
+            self.runtime.actor_infer.call("update_weights", weights, self.weights_version)
+        self.synced_once = True
         self.runtime.on_schedulers("set_weights", self.weights_version, [weights])
 
     # ------------------------------------------------------------------------------------------- the loop
@@ -546,7 +561,10 @@ class RLVRPipeline:
 
     def _settle(self) -> None:
         """Finish the async rollouts in flight (each keeps its batch for its step) and give actor_infer the
-        current weights: before validating, and before a checkpoint (whose scheduler states then match)."""
+        current weights: before validating, and before a checkpoint (whose scheduler states then match). Under
+        partial_rollout_token the weights go first: a rollout in flight may wait for them."""
+        if self.cfg.partial_rule:
+            self.ensure_synced()
         self._finish_pending()
         self.ensure_synced()
 

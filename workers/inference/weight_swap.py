@@ -59,8 +59,10 @@ class WeightSwap:
         if offer.error is not None:
             raise offer.error
 
-    def apply(self) -> int:
-        """Load the pending offer, if any (the caller holds the generation lock); the version now held."""
+    def apply(self, token: int | None = None) -> int:
+        """Load the pending offer, if any (the caller holds the generation lock); the version now held. `token`,
+        the index of the token the caller is about to sample, changes nothing: offers load wherever they find the
+        batch (version_store.py's rule is the one that reads it)."""
         with self._lock:
             offer, self._pending = self._pending, None
         if offer is not None:

@@ -134,16 +134,17 @@ def cut_at_stops(
 
 
 class _VersionTrace(StoppingCriteria):
-    """Which weights sampled each token of a generate call: `version_now()` is asked before the first token and
-    after every token, and may load newer weights then (partial rollouts: the worker swaps weights between two
-    tokens); `versions[t]` is the version that sampled token t. Never stops a row."""
+    """Which weights sampled each token of a generate call: `version_now(t)` is asked before token t (the first
+    before the call's first token, then after every token), and may load other weights then (partial rollouts:
+    the worker swaps weights between two tokens); `versions[t]` is the version that sampled token t. Never stops
+    a row."""
 
-    def __init__(self, version_now: Callable[[], int]) -> None:
+    def __init__(self, version_now: Callable[[int], int]) -> None:
         self.version_now = version_now
-        self.versions = [version_now()]
+        self.versions = [version_now(0)]
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        self.versions.append(self.version_now())
+        self.versions.append(self.version_now(len(self.versions)))
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
@@ -215,16 +216,16 @@ class HFInferStrategy:
         is_aborted: Callable[[int], bool] | None = None,
         seed: int | None = None,
         with_log_probs: bool = False,
-        version_now: Callable[[], int] | None = None,
+        version_now: Callable[[int], int] | None = None,
     ) -> dict[str, object]:
         """Sample `num_return_sequences` responses per prompt; rows come out grouped by prompt (i * n + j).
 
         `is_aborted(prompt_index)`, checked after every token, stops that prompt's rows early (their output is
         then unfinished and the caller discards it). `seed`, when given, seeds the sampling first, so the same
         prompts give the same responses (the caller runs one seeded request at a time). `with_log_probs` adds
-        `infer_log_probs` (B, R): each token's log-probability under the sampling distribution. `version_now()`,
-        asked before each call's first token and after every token, names the weights version that samples the
-        next token and may load newer weights in between (the worker's partial rollouts); the result then has
+        `infer_log_probs` (B, R): each token's log-probability under the sampling distribution. `version_now(t)`,
+        asked before each call's first token and after every token with the index t of the token to come, names
+        the weights version that samples it and may load other weights in between (the worker's partial rollouts); the result then has
         `token_versions` (B, R): the version that sampled each token."""
         self.wake_up()
         gen_cfg = self.generation_config(args, num_return_sequences)
