@@ -25,6 +25,19 @@ def test_the_rule_names_the_launch_version_then_the_next_from_the_switch_token()
     assert [s.rule(0, None)(t) for t in (0, 5, 9)] == [0, 0, 0]  # no switch: the launch version throughout
     assert loads == ["w1", "w0"]  # an older version is loaded again when a token names it
     assert s.rule(1, 2)(None) == 1  # asked without a token index (vLLM's engine steps): the launch version
+    s.add("w2", 2, keep_from=0)
+    assert [s.rule(1, 2)(t) for t in range(4)] == [1, 1, 2, 2]  # 1 + 1, not 1 | 1 or 1 ^ 1
+
+
+def test_a_new_store_holds_version_0_and_loads_a_version_once_however_its_number_was_made():
+    s, loads = store()
+    assert (s.newest, s.loaded) == (0, 0)
+    assert s.use(0) == 0 and loads == []  # the starting weights, loaded already
+    s.add("w1000", 1000)
+    assert s.use(int("1000")) == 1000 and s.use(int("1000")) == 1000  # equal numbers, distinct objects
+    assert loads == ["w1000"]
+    s.add("w1001", 1001)  # drops 1000, which the model still holds: a request naming it is served as it stands
+    assert s.use(int("1000")) == 1000 and loads == ["w1000"]
 
 
 def test_a_token_waits_for_a_version_not_synced_yet():

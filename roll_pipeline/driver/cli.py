@@ -213,6 +213,40 @@ def cmd_data_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_import(args: argparse.Namespace) -> int:
+    """ROLL rows to this project's rows; refused rows go to OUT's .refused.jsonl with their reasons (exit 1)."""
+    from roll_pipeline.data.roll_rows import RowRefused, import_rows, read_jsonl
+
+    source, out = Path(args.source), Path(args.out)
+    try:
+        rows = read_jsonl(source)
+    except (OSError, RowRefused) as err:
+        error(f"roll data import: {err}")
+        return EXIT_USAGE
+    converted, refused, report = import_rows(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in converted), encoding="utf-8")
+    kinds = sorted(set(report.converted) | set(report.refused))
+    echo(f"{'case_type':<14}{'imported':>10}{'refused':>10}")
+    for kind in kinds:
+        echo(f"{kind:<14}{report.converted[kind]:>10}{report.refused[kind]:>10}")
+    echo(f"{len(converted)} rows written to {out}")
+    if not refused:
+        return 0
+    rejects = out.with_suffix(".refused.jsonl")
+    rejects.write_text(
+        "".join(json.dumps({"line": line, "reason": why, "row": row}, ensure_ascii=False) + "\n"
+                for (line, row), (_, why) in zip(refused, report.reasons, strict=True)),
+        encoding="utf-8",
+    )
+    for line, why in report.reasons[:20]:
+        warn(f"{source}:{line}: {why}")
+    if len(report.reasons) > 20:
+        warn(f"... and {len(report.reasons) - 20} more")
+    error(f"{len(refused)} rows refused (each with its line and reason in {rejects})")
+    return EXIT_FAILED
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="roll", description="Multi-domain RLVR training on Ray.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -302,11 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tiny.set_defaults(func=cmd_model_build_tiny)
 
-    data = sub.add_parser("data", help="example data").add_subparsers(dest="data_command", required=True)
+    data = sub.add_parser("data", help="example data, and ROLL's rows").add_subparsers(dest="data_command", required=True)
     gen = data.add_parser("generate", help="write the synthetic example data sets")
     gen.add_argument("--out", default="examples/data")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=cmd_data_generate)
+    imp = data.add_parser("import", help="convert ROLL's RLVR rows (messages as JSON text, case_type/test_cases)")
+    imp.add_argument("source", help="a ROLL JSONL file")
+    imp.add_argument("-o", "--out", required=True, help="the JSONL file to write (refused rows: OUT.refused.jsonl)")
+    imp.set_defaults(func=cmd_data_import)
 
     from roll_pipeline.driver.tracking_commands import add_commands as add_tracking_commands
 

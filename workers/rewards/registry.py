@@ -20,6 +20,7 @@ REWARD_WORKERS: PluginRegistry[type[RewardScorer]] = PluginRegistry(
         "workers.rewards.code_sandbox",
         "workers.rewards.llm_judge",
         "workers.rewards.reward_model",
+        "workers.rewards.multiple_choice",
     ),
 )
 
