@@ -42,14 +42,21 @@ def std_filter(group: list[ScoredSample], *, min_std: float = 0.0) -> bool:
 
 
 @GROUP_FILTERS.register("mean_filter")
-def mean_filter(group: list[ScoredSample], *, low: float = 0.0, high: float = 1.0) -> bool:
+def mean_filter(group: list[ScoredSample], *, low: float = 0.0, high: float = 1.0, inclusive: bool = True) -> bool:
     """Keep a group whose mean reward lies in [low, high] (difficulty filtering: drop prompts that are too easy
-    or too hard). A group with no scored response is dropped."""
+    or too hard); with `inclusive: false`, strictly between them (ROLL's mean_filter and difficulty_mask drop a
+    mean equal to either threshold). A group with no scored response is dropped."""
     scores = _scores(group)
     if not scores:
         return False
-    mean = sum(scores) / len(scores)
-    return low - 1e-12 <= mean <= high + 1e-12
+    return within(sum(scores) / len(scores), low, high, inclusive)
+
+
+def within(value: float, low: float, high: float, inclusive: bool) -> bool:
+    """low <= value <= high (inclusive) or low < value < high, equality taken within 1e-12."""
+    if inclusive:
+        return low - 1e-12 <= value <= high + 1e-12
+    return low + 1e-12 < value < high - 1e-12
 
 
 @RESPONSE_FILTERS.register("truncated")

@@ -38,7 +38,7 @@ MODES = LOSS_AGGREGATIONS.names()
 
 def test_registries_hold_what_the_issue_asks_for():
     assert set(ADVANTAGES.names()) == {
-        "gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
+        "gae", "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
     }
     assert set(POLICY_LOSSES.names()) == {"ppo_clip", "gspo", "topr", "cispo"}
     assert {"k1", "k2", "k3", "abs", "mse", "low_var_kl"} == set(KL_ESTIMATORS.names())
@@ -117,6 +117,31 @@ def test_reinforce_plus_plus_golden_values():
     std = math.sqrt(sum((x - mean) ** 2 for x in tokens) / 4)
     expected = [[(x - mean) / std for x in tokens[:3]], [(x - mean) / std for x in tokens[3:]] + [0.0]]
     assert adv.tolist() == [pytest.approx(expected[0], rel=1e-5), pytest.approx(expected[1], rel=1e-5)]
+
+
+def test_reinforce_golden_values_are_the_discounted_returns_unwhitened():
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    rewards = torch.tensor([[0.1, 0.0, 1.0], [0.0, -1.0, 9.0], [0.0, 2.0, 0.0]])  # 9.0 sits on padding
+    adv, ret = ADVANTAGES.get("reinforce")(rewards, mask, in_loss=torch.tensor([1.0, 1.0, 0.0]), gamma=0.5)
+    # row 0: [0.1 + 0.5 * 0.5, 0 + 0.5 * 1, 1]; row 1: [-0.5, -1.0]; row 2 is out of the loss: zero
+    expected = [pytest.approx([0.35, 0.5, 1.0]), pytest.approx([-0.5, -1.0, 0.0]), [0.0, 0.0, 0.0]]
+    assert adv.tolist() == expected
+    assert ret.tolist() == expected
+
+
+def test_reinforce_on_group_normalised_rewards_is_grpo():
+    """ROLL's grpo is its reinforce on rewards normalised by the group's mean and unbiased std (+1e-6): with
+    gamma 1 that is exactly this project's grpo, which `roll config import` relies on."""
+    from roll_core.algorithms.shaping import normalize_rewards
+
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    scores = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.25])
+    groups = torch.tensor([0, 0, 0, 1, 1])
+    valid = torch.ones(5)
+    normalised = normalize_rewards(scores, groups, valid, "group", "group", None)
+    via_reinforce, _ = ADVANTAGES.get("reinforce")(place_at_last_token(normalised, mask), mask, gamma=1.0)
+    direct, _ = grpo(place_at_last_token(scores, mask), mask, groups)
+    assert torch.allclose(via_reinforce, direct, atol=1e-6)
 
 
 def test_reinforce_plus_plus_baseline_golden_values():

@@ -74,7 +74,7 @@ def test_algorithm_config_errors_name_their_keys():
         "critic_warmup=3",
         "reward_shaping={norm_std_type: domain, overlong_penalty: {buffer_len: 64}, difficulty_mask: {low: 0.9, high: 0.1}}",
     )
-    assert "adv_estimator: must be one of ['dr_grpo', 'gae', 'grpo', 'reinforce_plus_plus'" in msg
+    assert "adv_estimator: must be one of ['dr_grpo', 'gae', 'grpo', 'reinforce', 'reinforce_plus_plus'" in msg
     assert "policy_loss: must be one of ['cispo', 'gspo', 'ppo_clip', 'topr'], got 'clip'" in msg
     assert "loss_agg_mode: must be one of" in msg and "kl_penalty: must be one of" in msg
     assert "target_kl: kl_ctrl adaptive needs a target_kl > 0" in msg

@@ -76,6 +76,23 @@ def test_mean_filter_keeps_groups_inside_the_interval_inclusive():
     assert mean_filter(group(None, None)) is False
 
 
+def test_mean_filter_not_inclusive_drops_a_mean_on_either_threshold_as_roll_does():
+    """ROLL's mean_filter and difficulty_mask keep a group only strictly inside (threshold_down, threshold_up);
+    `inclusive: false` is that rule (`roll config import` writes it)."""
+    half = group(1.0, 0.0)  # mean 0.5, exact
+    assert mean_filter(half, low=0.5, high=1.0, inclusive=False) is False
+    assert mean_filter(half, low=0.0, high=0.5, inclusive=False) is False
+    assert mean_filter(half, low=0.5, high=1.0) is True  # the default keeps both
+    assert mean_filter(half, low=0.5 - 1e-9, high=0.5 + 1e-9, inclusive=False) is True
+    assert mean_filter(group(0.0, 0.0), low=-1.0, high=0.5, inclusive=False) is True
+    # the tolerance's exact boundary: a mean equal to low + 1e-12 (or high - 1e-12) is on the threshold: dropped
+    low, high = 0.5 - 1e-12, 0.5 + 1e-12
+    assert low + 1e-12 == 0.5 and high - 1e-12 == 0.5
+    assert mean_filter(half, low=low, high=1.0, inclusive=False) is False
+    assert mean_filter(half, low=0.0, high=high, inclusive=False) is False
+    assert mean_filter(half, low=low - 1e-12, high=high + 1e-12, inclusive=False) is True
+
+
 def test_truncated_response_filter():
     assert truncated(response("stop")) is True
     assert truncated(response("length")) is False

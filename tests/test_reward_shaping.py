@@ -215,6 +215,18 @@ def test_shape_scores_ignores_masked_samples_and_applies_the_length_mask():
     assert shaped[1] == 0.0 and shaped[7] == 0.0
 
 
+def test_shape_scores_takes_the_difficulty_masks_inclusive_flag():
+    scores, domains, groups, in_loss, response_mask, correct = make_batch()  # group means 1/3, 1, 0.25
+    masks = {}
+    for inclusive in (True, False):
+        cfg = RewardShapingConfig(difficulty_mask=DifficultyMaskConfig(low=0.25, high=1.0, inclusive=inclusive))
+        _, masks[inclusive], _ = shape_scores(
+            scores, domains, groups, in_loss, response_mask, correct, cfg, DomainRewardMoments(), 8
+        )
+    assert masks[True].tolist() == [1.0] * 8
+    assert masks[False].tolist() == [1.0] * 3 + [0.0] * 5
+
+
 def test_default_shaping_changes_nothing():
     scores, domains, groups, in_loss, response_mask, correct = make_batch()
     in_loss = in_loss.clone()
@@ -247,6 +259,23 @@ def test_difficulty_mask_bounds_are_inclusive_and_a_group_without_a_valid_sample
     assert keep.tolist() == [1.0] * 12 + [0.0] * 2 + [1.0] * 8
     keep = difficulty_mask(scores, groups, valid, low=0.0, high=0.0)  # only groups that got everything wrong
     assert keep.tolist() == [0.0] * 8 + [1.0] * 2 + [0.0] * 12
+
+
+def test_difficulty_mask_not_inclusive_masks_a_group_mean_on_a_bound():
+    """ROLL's difficulty_mask keeps (low < mean < high); `inclusive: false` is that rule."""
+    scores = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 0, 1, 0])  # group means 0.25, 0.75, 0.5
+    groups = torch.tensor([0] * 4 + [1] * 4 + [2] * 2)
+    valid = torch.ones(10)
+    keep = difficulty_mask(scores, groups, valid, low=0.25, high=0.75, inclusive=False)
+    assert keep.tolist() == [0.0] * 8 + [1.0] * 2
+    keep = difficulty_mask(scores, groups, valid, low=0.2, high=0.8, inclusive=False)
+    assert keep.tolist() == [1.0] * 10
+    # at 0, where the 1e-12 tolerance is representable in float32: a mean of 0 is on either bound, masked
+    wrong = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    two = torch.tensor([0, 0, 1, 1])
+    assert difficulty_mask(wrong, two, torch.ones(4), low=0.0, high=1.0, inclusive=False).tolist() == [0, 0, 1, 1]
+    assert difficulty_mask(wrong, two, torch.ones(4), low=-1.0, high=0.0, inclusive=False).tolist() == [0] * 4
+    assert difficulty_mask(wrong, two, torch.ones(4), low=-1.0, high=0.6, inclusive=False).tolist() == [1, 1, 1, 1]
 
 
 def test_length_mask_spares_correct_responses_only_when_asked():

@@ -435,6 +435,27 @@ def test_builtin_names():
     assert available_reward_workers()["math_rule"] == "workers.rewards.math_rule:MathRuleScorer"
 
 
+def test_every_registered_scorer_module_is_a_builtin_a_fresh_process_finds():
+    """A scorer module under workers/rewards that registers a name must be in the registry's built-in list, or a
+    run (a fresh process that imports none of them) does not know the name: ifeval once was missing."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    declared = {
+        name
+        for path in Path("workers/rewards").glob("*.py")
+        for name in re.findall(r'^@register_reward_worker\("([a-z_]+)"\)', path.read_text(encoding="utf-8"), re.M)
+    }
+    assert {"math_rule", "code_sandbox", "llm_judge", "multiple_choice", "ifeval"} <= declared
+    listing = subprocess.run(
+        [sys.executable, "-c", "from workers.rewards.registry import available_reward_workers as a; print(*a())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert declared <= set(listing), declared - set(listing)
+
+
 def test_module_class_path():
     assert get_reward_scorer_cls(ECHO) is EchoScorer
     assert get_reward_scorer_cls("workers.rewards.math_rule:MathRuleScorer") is MathRuleScorer

@@ -130,6 +130,24 @@ def discounted_returns(token_level_rewards: torch.Tensor, response_mask: torch.T
     return returns * response_mask
 
 
+@register_advantage("reinforce")
+def reinforce_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    in_loss: torch.Tensor | None = None,
+    *,
+    gamma: float,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE (Williams, 1992): each token's discounted return as its advantage, with no baseline and no
+    whitening of its own (ROLL's `reinforce`; pair it with reward_shaping's normalisation or whiten_advantages).
+    With group-normalised rewards (norm_mean_type and norm_std_type `group`) it is ROLL's `grpo`."""
+    valid = _valid(in_loss, token_level_rewards)
+    mask = response_mask * valid.unsqueeze(1)
+    returns = discounted_returns(token_level_rewards, response_mask, gamma) * mask
+    return returns, returns.clone()
+
+
 @register_advantage("reinforce_plus_plus")
 def reinforce_plus_plus_advantages(
     token_level_rewards: torch.Tensor,

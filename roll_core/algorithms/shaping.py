@@ -128,12 +128,22 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_len: int, pe
 
 
 def difficulty_mask(
-    scores: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor, low: float, high: float
+    scores: torch.Tensor,
+    group_ids: torch.Tensor,
+    valid: torch.Tensor,
+    low: float,
+    high: float,
+    inclusive: bool = True,
 ) -> torch.Tensor:
-    """(B,) 1 where the sample's group mean score over its valid samples lies in [low, high] (schedulers/filters.py
-    `mean_filter`'s rule), 0 elsewhere and in groups with no valid sample."""
+    """(B,) 1 where the sample's group mean score over its valid samples lies in [low, high] (or strictly between
+    them where not `inclusive`: ROLL's rule; schedulers/filters.py `mean_filter`'s), 0 elsewhere and in groups
+    with no valid sample."""
     mean, _, count = group_statistics(scores, group_ids, valid)
-    keep = (count > 0) & (mean >= low - 1e-12) & (mean <= high + 1e-12)
+    if inclusive:
+        inside = (mean >= low - 1e-12) & (mean <= high + 1e-12)
+    else:
+        inside = (mean > low + 1e-12) & (mean < high - 1e-12)
+    keep = (count > 0) & inside
     return keep.to(scores.dtype)
 
 
@@ -164,7 +174,8 @@ def shape_domain(
     keep = in_loss.clone()
     metrics: dict[str, float] = {}
     if cfg.difficulty_mask is not None:
-        by_difficulty = difficulty_mask(scores, group_ids, keep, cfg.difficulty_mask.low, cfg.difficulty_mask.high)
+        dm = cfg.difficulty_mask
+        by_difficulty = difficulty_mask(scores, group_ids, keep, dm.low, dm.high, dm.inclusive)
         metrics["masked_difficulty"] = float((keep * (1 - by_difficulty)).sum())
         keep = keep * by_difficulty
     if cfg.length_mask is not None:

@@ -25,6 +25,8 @@ class DifficultyMaskConfig:
 
     low: float = 0.0
     high: float = 1.0
+    inclusive: bool = True
+    """false: keep only groups whose mean lies strictly between low and high (ROLL's difficulty_mask)."""
 
 
 @dataclass(frozen=True, kw_only=True)

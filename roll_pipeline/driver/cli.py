@@ -247,6 +247,43 @@ def cmd_data_import(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
+def cmd_config_import(args: argparse.Namespace) -> int:
+    """A ROLL YAML to this project's config: the report on stderr, the config to OUT (or stdout)."""
+    import yaml
+
+    from roll_pipeline.roll_import.hydra_yaml import RollConfigError
+    from roll_pipeline.roll_import.writing import checked_config, header
+
+    try:
+        result = checked_config(args.source, args.overrides or [])
+    except RollConfigError as err:
+        error(f"roll config import: {err}")
+        return EXIT_USAGE
+    except ConfigError as err:
+        error(f"roll config import: {err}")
+        return EXIT_USAGE
+    report = result.report
+    print(report.render(), file=sys.stderr)
+    if report.unsupported and not args.lenient:
+        keys = ", ".join(key for key, _ in report.unsupported)
+        error(f"{args.source}: {len(report.unsupported)} key(s) not supported: {keys} (--lenient imports the rest "
+              "without them)")
+        return EXIT_FAILED
+    text = header(args.source, report) + yaml.safe_dump(result.config, sort_keys=False, allow_unicode=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"written {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    if result.problems:
+        error(f"the imported config does not load yet:\n{result.problems}")
+        return EXIT_FAILED
+    print("ROLL's data rows: convert each file with `roll data import FILE -o OUT.jsonl`, then point "
+         "data.train_files and data.val_files at the results", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="roll", description="Multi-domain RLVR training on Ray.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -272,6 +309,20 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("config")
     show.add_argument("overrides", nargs="*", metavar="key.path=value")
     show.set_defaults(func=cmd_config_show)
+    imp_cfg = config.add_parser(
+        "import",
+        help="convert a ROLL RLVR YAML (Hydra) to this project's config, reporting every key",
+        description="Resolve the YAML's ${...} references, map every ROLL key, and report each one as mapped, "
+        "changed meaning (with the substitution that keeps ROLL's behaviour) or not supported. Keys not "
+        "supported stop the import unless --lenient. --set KEY=VALUE (e.g. pretrain=/models/x, "
+        "data.train_files=[a.jsonl]) edits the result before it is checked.",
+    )
+    imp_cfg.add_argument("source", help="ROLL's YAML, e.g. examples/qwen2.5-7B-rlvr_megatron/rlvr_config.yaml")
+    imp_cfg.add_argument("-o", "--out", default=None, help="the YAML to write (default: stdout)")
+    imp_cfg.add_argument("--lenient", action="store_true", help="import what can be, leaving unsupported keys out")
+    imp_cfg.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE",
+                         help="set a key of the imported config (repeatable)")
+    imp_cfg.set_defaults(func=cmd_config_import)
 
     model = sub.add_parser("model", help="the embedded models and real pretrained ones").add_subparsers(
         dest="model_command", required=True

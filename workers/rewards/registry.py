@@ -21,6 +21,7 @@ REWARD_WORKERS: PluginRegistry[type[RewardScorer]] = PluginRegistry(
         "workers.rewards.llm_judge",
         "workers.rewards.reward_model",
         "workers.rewards.multiple_choice",
+        "workers.rewards.ifeval",
     ),
 )
 
