@@ -79,20 +79,32 @@ def test_verdicts_are_those_of_a_run_per_test(scorer, name):
     assert batched == alone
 
 
-def test_the_verdicts_themselves(scorer):
-    # A few of the above, spelled out, so that equal-but-wrong on both paths cannot pass.
-    run = {name: outcomes(scorer, PROGRAMS[name], INPUTS, OUTPUTS, batch_from=2) for name in PROGRAMS}
-    assert run["right"] == ["passed"] * 3
-    assert run["wrong_on_one"] == ["passed", "wrong_answer", "passed"]
-    assert run["crash_on_one"] == ["passed", "runtime_error", "passed"]
-    assert run["timeout_on_second"] == ["passed", "timeout", "timeout"]  # after a timeout, the rest too
-    assert run["floods_on_one"] == ["output_limit", "passed", "passed"]
-    assert run["exit_fast"] == ["passed"] * 3
-    assert run["exit_code"] == ["runtime_error"] * 3
-    assert run["quits"] == ["passed"] * 3
-    assert run["memory"] == ["passed", "memory_limit", "memory_limit"]
-    assert run["forges"] == ["runtime_error"] * 3  # two exit reports: the forged one and the harness's
-    assert run["syntax"] == ["syntax_error"] * 3
+#: A few of the verdicts above, spelled out, so that equal-but-wrong on both paths cannot pass.
+VERDICTS = {
+    "right": ["passed"] * 3,
+    "wrong_on_one": ["passed", "wrong_answer", "passed"],
+    "crash_on_one": ["passed", "runtime_error", "passed"],
+    "timeout_on_second": ["passed", "timeout", "timeout"],  # after a timeout, the rest too
+    "floods_on_one": ["output_limit", "passed", "passed"],
+    "exit_fast": ["passed"] * 3,
+    "exit_code": ["runtime_error"] * 3,
+    "quits": ["passed"] * 3,
+    "memory": ["passed", "memory_limit", "memory_limit"],
+    "forges": ["runtime_error"] * 3,  # two exit reports: the forged one and the harness's
+    "syntax": ["syntax_error"] * 3,
+}
+
+
+@pytest.mark.parametrize("name", sorted(VERDICTS))
+def test_the_verdicts_themselves(scorer, name):
+    # Wall-clock verdicts again (see above): in a fresh clone's `make test` (2026-12-03, 0cfcee6) the memory
+    # program's batched run came out "timeout" on all three tests. A run with a timeout where a verdict of another
+    # kind is expected is measured again, twice at most; any other difference, or a timeout that stays, fails.
+    for _ in range(3):
+        got = outcomes(scorer, PROGRAMS[name], INPUTS, OUTPUTS, batch_from=2)
+        if not any(one == "timeout" != want for one, want in zip(got, VERDICTS[name], strict=True)):
+            break
+    assert got == VERDICTS[name]
 
 
 def test_nothing_a_test_leaves_reaches_the_next(scorer):
