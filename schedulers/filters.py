@@ -49,14 +49,10 @@ def mean_filter(group: list[ScoredSample], *, low: float = 0.0, high: float = 1.
     scores = _scores(group)
     if not scores:
         return False
-    return within(sum(scores) / len(scores), low, high, inclusive)
-
-
-def within(value: float, low: float, high: float, inclusive: bool) -> bool:
-    """low <= value <= high (inclusive) or low < value < high, equality taken within 1e-12."""
+    mean = sum(scores) / len(scores)
     if inclusive:
-        return low - 1e-12 <= value <= high + 1e-12
-    return low + 1e-12 < value < high - 1e-12
+        return low - 1e-12 <= mean <= high + 1e-12
+    return low + 1e-12 < mean < high - 1e-12
 
 
 @RESPONSE_FILTERS.register("truncated")

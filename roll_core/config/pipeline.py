@@ -84,9 +84,9 @@ class PipelineConfig:
     adv_estimator: str = "grpo"
     """Advantage estimator (roll_core/algorithms/advantages.py): `grpo` (group mean and std; DeepSeekMath,
     arXiv:2402.03300), `dr_grpo` (group mean only; Dr. GRPO, arXiv:2503.20783), `rloo` (leave-one-out group mean;
-    arXiv:2402.14740), `reinforce` (discounted returns, no baseline: ROLL's reinforce), `reinforce_plus_plus` (discounted returns whitened over the batch; arXiv:2501.03262),
-    `reinforce_plus_plus_baseline` (group mean, then batch whitening; arXiv:2501.03262) or `gae` (with the critic;
-    arXiv:1506.02438)."""
+    arXiv:2402.14740), `reinforce` (discounted returns, no baseline: ROLL's reinforce), `reinforce_plus_plus`
+    (discounted returns whitened over the batch; arXiv:2501.03262), `reinforce_plus_plus_baseline` (group mean,
+    then batch whitening; arXiv:2501.03262) or `gae` (with the critic; arXiv:1506.02438)."""
     whiten_advantages: bool = False
     """Whiten the estimator's advantages over the valid tokens of the batch (mean 0, std 1); with advantage_scope
     `domain`, over each domain's."""

@@ -256,10 +256,7 @@ def cmd_config_import(args: argparse.Namespace) -> int:
 
     try:
         result = checked_config(args.source, args.overrides or [])
-    except RollConfigError as err:
-        error(f"roll config import: {err}")
-        return EXIT_USAGE
-    except ConfigError as err:
+    except (RollConfigError, ConfigError) as err:  # an unreadable file, a bad --set
         error(f"roll config import: {err}")
         return EXIT_USAGE
     report = result.report

@@ -153,9 +153,7 @@ def _kl(imp: Importer) -> None:
         imp.default("init_kl_coef", 0.2, "ROLL's default")
     penalty = src.get("kl_penalty", "kl")
     if penalty in KL_NAMES:
-        imp.put("kl_penalty", KL_NAMES[penalty])
-        imp.src.take("kl_penalty")
-        imp.report.mapped.append(("kl_penalty", f"kl_penalty: {KL_NAMES[penalty]} (ROLL's {penalty!r})"))
+        imp.mapped("kl_penalty", "kl_penalty", KL_NAMES[penalty], f"ROLL's {penalty!r}")
     else:
         imp.refuse("kl_penalty", f"{penalty!r}: the full-distribution KL is not built; kl, abs and mse are mapped")
     if src.get("target_kl") is not None:

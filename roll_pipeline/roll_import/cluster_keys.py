@@ -73,9 +73,8 @@ def import_clusters(imp: Importer) -> None:
     else:
         imp.dropped("critic", f"adv_estimator {estimator} uses no critic")
         imp.dropped("value_clip", f"adv_estimator {estimator} uses no critic")
-    if "reward_pretrain" not in imp.src.taken:
-        imp.dropped("reward_pretrain", "ROLL's default model of the critic and reward clusters: the rule rewards load "
-                    "none, a judge names its own")
+    imp.dropped("reward_pretrain", "ROLL's default model of the critic and reward clusters: the rule rewards load "
+                "none, a judge names its own")
     _lora(imp)
 
 
@@ -246,9 +245,8 @@ def _train_strategy(imp: Importer, sec: str) -> int:
         zero["stage"] = 2 if lora else 3
         ulysses = int(src.get(f"{sec}.model_args.ulysses_size") or 1)
         dp = max(gpus // ulysses, 1)
-        imp.mapped(f"{sec}.strategy_args.strategy_name", f"{sec}.strategy_args.strategy_name", "deepspeed_train")
-        imp.report.mapped.append((f"{sec}.strategy_args.strategy_name",
-                                  f"zero_optimization.stage: {zero['stage']} (FSDP's full sharding)"))
+        imp.mapped(f"{sec}.strategy_args.strategy_name", f"{sec}.strategy_args.strategy_name", "deepspeed_train",
+                   f"zero_optimization.stage {zero['stage']}: FSDP's full sharding")
         if src.get(f"{cfg_path}.offload_policy"):
             zero["offload_param"] = {"device": "cpu"}
             zero["offload_optimizer"] = {"device": "cpu"}
@@ -265,7 +263,6 @@ def _train_strategy(imp: Importer, sec: str) -> int:
         imp.refuse(f"{sec}.strategy_args.strategy_name", f"{name!r}: megatron_train, fsdp2_train and deepspeed_train "
                    "are mapped")
         return dp
-    imp.src.take(f"{sec}.strategy_args.strategy_name")
     if not cfg:
         imp.dropped(cfg_path, "empty")
     if cfg.get("moe_aux_loss_coeff"):
@@ -390,10 +387,8 @@ def _reference_strategy(imp: Importer, sec: str) -> None:
     src = imp.src
     name = src.get(f"{sec}.strategy_args.strategy_name", "megatron_infer")
     if name in ("megatron_infer", "fsdp2_infer", "hf_infer", "deepspeed_infer", "megatron_train"):
-        imp.mapped(f"{sec}.strategy_args.strategy_name", f"{sec}.strategy_args.strategy_name", "hf_infer")
-        imp.report.mapped[-1] = (f"{sec}.strategy_args.strategy_name",
-                                 f"{sec}.strategy_args.strategy_name: hf_infer (the frozen policy's log-probs with "
-                                 f"transformers; ROLL's {name})")
+        imp.mapped(f"{sec}.strategy_args.strategy_name", f"{sec}.strategy_args.strategy_name", "hf_infer",
+                   f"the frozen policy's log-probs with transformers; ROLL's {name}")
         imp.dropped(f"{sec}.strategy_args.strategy_config", "each reference worker holds the whole model here")
     else:
         imp.refuse(f"{sec}.strategy_args.strategy_name", f"{name!r}: not a reference strategy the importer knows")

@@ -67,8 +67,7 @@ def _top_level(imp: Importer) -> None:
         imp.dropped(key, why)
     imp.move("exp_name", "exp_name")
     imp.move("seed", "seed")
-    if src.has("pretrain"):
-        imp.move("pretrain", "pretrain")
+    imp.move("pretrain", "pretrain")
     for key, roll_default in (("max_steps", 500), ("rollout_batch_size", 128), ("num_return_sequences_in_group", 1),
                               ("eval_steps", 10), ("save_steps", 50)):
         if src.has(key):
@@ -122,14 +121,16 @@ def _checkpoints(imp: Importer) -> None:
                     "checkpoints go to output_dir/checkpoints, without ROLL's time-stamped subfolder, so that "
                     "`roll run --resume` finds them")
     imp.dropped("checkpoint_config.async_upload", "checkpoints are written before the run goes on")
-    keep = src.get("max_ckpt_to_keep", 0)
-    if keep:
+    if src.get("max_ckpt_to_keep"):
         imp.move("max_ckpt_to_keep", "max_checkpoints_to_keep")
     else:
         steps, every = int(imp.ours("max_steps")), int(imp.ours("save_steps"))
         count = max(1, math.ceil(steps / every) if every else 1)
-        imp.src.take("max_ckpt_to_keep")
-        imp.default("max_checkpoints_to_keep", count, "ROLL keeps every checkpoint: as many as the run makes")
+        why = "ROLL keeps every checkpoint (max_ckpt_to_keep 0): as many as the run makes"
+        if src.has("max_ckpt_to_keep"):
+            imp.changed("max_ckpt_to_keep", "max_checkpoints_to_keep", count, why)
+        else:
+            imp.default("max_checkpoints_to_keep", count, why)
     resume = src.get("resume_from_checkpoint", False)
     if resume:
         imp.refuse("resume_from_checkpoint", f"{show(resume)}: run `roll run CONFIG --resume` to go on from the "

@@ -45,19 +45,19 @@ def import_data(imp: Importer) -> None:
     d = "actor_train.data_args"
     _files(imp, d, "data.train_files")
     probs = src.get(f"{d}.domain_interleave_probs")
-    if probs is not None:
-        imp.mapped(f"{d}.domain_interleave_probs", "domain_interleave_probs",
-                   {str(k): float(v) for k, v in probs.items()})
+    if probs is not None:  # reported by import_rewards, which turns them into ROLL's per-step counts
+        imp.put("domain_interleave_probs", {str(k): float(v) for k, v in probs.items()})
     messages = src.get(f"{d}.messages")
     if messages is not None:
         imp.mapped(f"{d}.messages", "data.messages_key", messages)
     imp.dropped(f"{d}.interleave_probs", "the rows of every file are pooled and routed to domains by tag; each "
                 "domain's share comes from domain_interleave_probs")
     if src.has("prompt_length"):
-        imp.mapped("prompt_length", "data.prompt_length", src.get("prompt_length"))
+        imp.put("data.prompt_length", src.get("prompt_length"))
         imp.changed("prompt_length", "data.on_long_prompt", "drop",
-                    "ROLL leaves out prompts longer than prompt_length (and those of 5 tokens or fewer) without a "
-                    "word; here longer ones are left out and counted per domain, short ones are kept")
+                    f"data.prompt_length: {src.get('prompt_length')}; ROLL leaves out prompts longer than that (and "
+                    "those of 5 tokens or fewer) without a word; here longer ones are left out and counted per "
+                    "domain, short ones are kept")
     _template(imp, [f"{s}.data_args.template" for s in ("actor_train", "validation")] + ["global_template"])
     imp.dropped("tag_to_template", "every domain is encoded with the model's chat template")
 
@@ -181,11 +181,12 @@ def _roll_shares(imp: Importer) -> None:
         del rewards[domain]
         imp.report.changed.append((f"rewards.{domain}", "no prompts in ROLL (not in domain_interleave_probs, or "
                                    "int(p * rollout_batch_size) = 0): left out, with the tags it routed"))
+    key = "actor_train.data_args.domain_interleave_probs"
     if any(abs(shares.get(d, 0.0) - p) > 1e-12 for d, p in probs.items()):
-        imp.put("domain_interleave_probs", shares)
-        imp.report.changed.append(("actor_train.data_args.domain_interleave_probs",
-                                   f"{show(shares)}: ROLL's prompt counts per step {show(counts)} (int(p * "
-                                   f"{batch}) each, the last domain the rest) over rollout_batch_size"))
+        imp.changed(key, "domain_interleave_probs", shares, f"ROLL's prompt counts per step {show(counts)} "
+                    f"(int(p * {batch}) each, the last domain the rest) over rollout_batch_size")
+    else:
+        imp.mapped(key, "domain_interleave_probs", probs)
 
 
 def _filters(imp: Importer, p: str) -> None:

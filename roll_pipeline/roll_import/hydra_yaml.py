@@ -63,7 +63,8 @@ class RollTree:
         node = self.get(path)
         return [str(k) for k in node] if isinstance(node, dict) else []
 
-    def _is_taken(self, path: str) -> bool:
+    def is_taken(self, path: str) -> bool:
+        """Whether `path` or a section above it was taken."""
         parts = path.split(".")
         return any(".".join(parts[:i]) in self.taken for i in range(1, len(parts) + 1))
 
@@ -79,4 +80,4 @@ class RollTree:
 
     def left(self) -> list[tuple[str, Any]]:
         """The leaves (path, value) that no handler took, in file order."""
-        return [(path, value) for path, value in self.leaves() if not self._is_taken(path)]
+        return [(path, value) for path, value in self.leaves() if not self.is_taken(path)]

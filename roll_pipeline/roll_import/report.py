@@ -64,11 +64,11 @@ class Importer:
         """A value already written to the output (e.g. the group size, for a filter's bound)."""
         return dig(self.out, ours, default)
 
-    def mapped(self, roll: str, ours: str, value: Any) -> None:
-        """`roll` means what `ours` means: written as is."""
+    def mapped(self, roll: str, ours: str, value: Any, note: str | None = None) -> None:
+        """`roll` means what `ours` means: written as is (`note`: what the reader should know, in brackets)."""
         self.src.take(roll)
         self.put(ours, value)
-        self.report.mapped.append((roll, f"{ours}: {show(value)}"))
+        self.report.mapped.append((roll, f"{ours}: {show(value)}" + (f" ({note})" if note else "")))
 
     def move(self, roll: str, ours: str, convert: Any = None) -> None:
         """`mapped` when the ROLL config has `roll` (its value through `convert`), nothing otherwise."""
@@ -77,8 +77,9 @@ class Importer:
             self.mapped(roll, ours, value if convert is None else convert(value))
 
     def part_of(self, roll: str, what: str) -> None:
-        """`roll`, where present, went into a value reported under another key: `what` says which."""
-        if self.src.has(roll):
+        """`roll`, where present and not reported yet, went into a value reported under another key: `what` says
+        which."""
+        if self.src.has(roll) and not self.src.is_taken(roll):
             self.src.take(roll)
             self.report.mapped.append((roll, f"({what})"))
 
@@ -88,8 +89,9 @@ class Importer:
         self.report.mapped.append(("(ROLL's default)", f"{ours}: {show(value)} ({why})"))
 
     def dropped(self, roll: str, why: str) -> None:
-        """`roll` has no effect on what a run here trains or measures (a kernel, a log, a default)."""
-        if self.src.has(roll):
+        """`roll` has no effect on what a run here trains or measures (a kernel, a log, a default); a key already
+        reported (e.g. response_length, read as max_new_tokens) is not reported again."""
+        if self.src.has(roll) and not self.src.is_taken(roll):
             self.src.take(roll)
             self.report.mapped.append((roll, f"(nothing here: {why})"))
 
