@@ -67,6 +67,12 @@ class InferClient:
                     request_id, prompts, args, n, seed, version, switch_at
                 )
             except (ActorUnavailableError, StaleWeightsError) as exc:
+                if isinstance(exc, StaleWeightsError) and self.weights_ref is None:
+                    raise RuntimeError(
+                        f"domain {self.domain!r}: actor_infer[{worker}] came back from a restart with its starting "
+                        f"weights, and with a weight_transport no copy of version {self.weights_version} is kept to "
+                        "send it again: resume the run from its last checkpoint (or use weight_transport rpc)"
+                    ) from exc
                 if time.monotonic() > deadline:
                     raise
                 if not resync:

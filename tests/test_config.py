@@ -362,3 +362,33 @@ def test_stop_strings_are_a_list_or_one_string(tmp_path):
     message = error_of(tmp_path, BASE, ['actor_infer.generating_args.stop=["x", ""]'])
     assert "actor_infer.generating_args.stop: must be a list of non-empty strings, got ['x', '']" in message
     assert "actor_infer.generating_args.stop" in error_of(tmp_path, BASE, ["actor_infer.generating_args.stop=[3]"])
+
+
+def test_a_weight_transport_is_checked_against_the_engine_the_devices_and_lora(tmp_path):
+    """actor_infer's strategy_config.weight_transport: a known name, vLLM only; nccl and ipc move GPU tensors;
+    ipc needs GPUs shared with actor_train and nccl GPUs apart from it (one NCCL rank per GPU); not with LoRA."""
+    key = "actor_infer.strategy_args.strategy_config.weight_transport"
+    vllm = {"strategy_name": "vllm", "strategy_config": {}}
+
+    def infer(transport: str, **section) -> dict:
+        args = {**vllm, "strategy_config": {"weight_transport": transport}}
+        return {**BASE, "actor_infer": {"strategy_args": args, **section}}
+
+    assert f"{key}: must be one of ['rpc', 'nccl', 'ipc', 'gloo'], got 'tcp'" in error_of(tmp_path, infer("tcp"))
+    hf = {**BASE, "actor_infer": {"strategy_args": {"strategy_name": "hf_infer", "strategy_config": {"weight_transport": "gloo"}}}}
+    assert f"{key}: gloo is vLLM's weight-transfer API: it needs strategy_name vllm" in error_of(tmp_path, hf)
+    assert f"{key}: nccl moves GPU tensors" in error_of(tmp_path, infer("nccl"))
+    gpus = {"num_gpus_per_worker": 1, "device_mapping": [0]}
+    trained = {**BASE["actor_train"], "num_gpus_per_worker": 1}
+    apart = infer("ipc", **gpus) | {"actor_train": {**trained, "device_mapping": [1]}}
+    assert f"{key}: ipc opens actor_train's tensors on the GPU they are on" in error_of(tmp_path, apart)
+    wider = infer("ipc", num_gpus_per_worker=1, world_size=2, device_mapping=[0, 1])
+    wider |= {"actor_train": {**trained, "device_mapping": [0]}}
+    assert "GPUs [1] are not" in error_of(tmp_path, wider)
+    shared = infer("nccl", **gpus) | {"actor_train": {**trained, "device_mapping": [0]}}
+    assert f"{key}: nccl puts actor_train and the vLLM workers in one NCCL group" in error_of(tmp_path, shared)
+    assert load(tmp_path, infer("gloo")).config.actor_infer.weight_transport == "gloo"
+    assert load(tmp_path, infer("ipc", **gpus) | {"actor_train": {**trained, "device_mapping": [0]}})
+    assert load(tmp_path, infer("nccl", **gpus) | {"actor_train": {**trained, "device_mapping": [1]}})
+    lora = infer("gloo") | {"actor_train": {**BASE["actor_train"], "lora": {"rank": 8}}}
+    assert f"{key}: gloo: with actor_train.lora a sync brings the adapters as a folder; use rpc" in error_of(tmp_path, lora)

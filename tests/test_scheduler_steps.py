@@ -696,6 +696,19 @@ def test_a_restarting_infer_worker_gets_the_weights_and_the_request_again(monkey
     assert m["scheduler/math/infer_retries"] == 1 and len(batch) == N
 
 
+def test_a_restarted_infer_worker_with_no_weights_kept_to_resend_fails_the_step_at_once(monkeypatch):
+    """With a weight_transport actor_train sends the weights itself and the scheduler keeps none: a worker back
+    from a restart (stale weights) cannot be given them again, so the step fails at once, saying what to do,
+    instead of waiting RESTART_WAIT_S. A worker still restarting (unavailable) is waited for as before."""
+    clock = FakeTime(monkeypatch)
+    infer = Infer(unavailable=1, stale=1)
+    s = make(config(), rows_of(["half"] * 4), infer)
+    s.set_weights(2, [None])
+    with pytest.raises(RuntimeError, match="no copy of version 2 is kept to send it again: resume the run"):
+        step(s, 1)
+    assert clock.slept == [0.1] and infer.weights == []
+
+
 def test_an_infer_worker_that_stays_away_past_the_wait_fails_the_step(monkeypatch):
     """The retries back off 0.1 s, doubling up to 2 s, for RESTART_WAIT_S (300 s) on the scheduler's clock."""
     clock = FakeTime(monkeypatch)

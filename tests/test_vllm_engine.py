@@ -51,9 +51,15 @@ EAGER = "actor_infer.strategy_args.strategy_config={enforce_eager: true}"
 def engine(tiny_model):
     from workers.strategies.vllm_infer import VLLMInferStrategy
 
+    # The gloo weight transport: the engine takes syncs both ways, by load_state_dict (rpc) and by vLLM's
+    # weight-transfer API (its worker-side engine is only built when a transport is named).
     cfg = load_config(
         EXAMPLES / "math_code.yaml",
-        ["actor_infer.strategy_args.strategy_name=vllm", f"pretrain={tiny_model}", EAGER],
+        [
+            "actor_infer.strategy_args.strategy_name=vllm",
+            f"pretrain={tiny_model}",
+            "actor_infer.strategy_args.strategy_config={enforce_eager: true, weight_transport: gloo}",
+        ],
     ).config
     strategy = VLLMInferStrategy(cfg.actor_infer)
     yield strategy
@@ -284,3 +290,168 @@ def test_prompt_blocks_cached_before_a_sync_in_flight_are_not_reused_after_it(en
         assert torch.equal(engine.generate(ids, mask, GREEDY, 1)["response_ids"], synced_between)
     finally:
         engine.load_state_dict(weights)
+
+
+# ---- syncs by vLLM's weight-transfer API (weight_transport gloo: the CPU twin of nccl; vLLM's trainer-side protocol)
+
+
+class DictSource:
+    """A trainer's weights (a state dict, replaceable between syncs) as vLLM's WeightSource: vLLM's names."""
+
+    def __init__(self, engine, weights: dict[str, torch.Tensor]) -> None:
+        self.engine, self.weights = engine, weights
+
+    def pairs(self) -> list[tuple[str, torch.Tensor]]:
+        from workers.strategies.vllm_weights import vllm_weight_name
+
+        tie = self.engine.tie_word_embeddings
+        return [(name, t) for n, t in self.weights.items() if (name := vllm_weight_name(n, tie)) is not None]
+
+    def metadata(self):
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.pairs()]
+
+    def __iter__(self):
+        return iter(self.pairs())
+
+
+class EngineClient:
+    """What actor_infer's transfer_* methods do, without Ray: the update is offered through a WeightSwap (taken
+    by whoever holds the generation lock: a generating call between two engine steps, or the offer itself) and
+    the trainer's calls then run on the holder's thread."""
+
+    def __init__(self, engine) -> None:
+        import threading
+
+        from workers.inference.weight_swap import WeightSwap
+
+        self.engine, self.lock = engine, threading.Lock()
+        self.swap = WeightSwap(engine.hold_transfer, self.lock)
+        self.version = 0
+
+    def init_weight_transfer_engine(self, init_info) -> None:
+        self.engine.transfer_call("init_weight_transfer_engine", init_info)
+
+    def start_weight_update(self) -> None:
+        import threading
+
+        from workers.inference.held_update import HeldUpdate
+
+        self.version += 1
+        self.update = HeldUpdate()
+        self.thread = threading.Thread(target=self.swap.offer, args=(self.update, self.version))
+        self.thread.start()
+        self.update.wait_begun()
+
+    def update_weights(self, update_info) -> None:
+        self.update.run(lambda: self.engine.transfer_call("update_weights", update_info))
+
+    def finish_weight_update(self, weight_version=None) -> None:
+        self.update.close()
+        self.thread.join()
+
+
+@pytest.fixture(scope="module")
+def sender(engine, weights):
+    """The trainer's side: the gloo trainer engine over a DictSource, in buckets of at most 1 MiB."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    from workers.strategies.gloo_transfer import GlooTrainerInitInfo
+    from workers.strategies.vllm_transfer import free_port
+    from workers.strategies.vllm_weights import register_transfer_backends
+
+    register_transfer_backends()
+    client, source = EngineClient(engine), DictSource(engine, weights)
+    info = GlooTrainerInitInfo(
+        master_address="127.0.0.1", master_port=free_port(), world_size=2, bucket_bytes=2**20, rank=0
+    )
+    trainer = WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
+    yield trainer, client, source
+    trainer.shutdown()
+
+
+def transfer(sender, new_weights) -> int:
+    """Send `new_weights` by the transfer engine; the number of buckets broadcast."""
+    trainer, _, source = sender
+    source.weights = new_weights
+    broadcasts = []
+    group = trainer.group
+    original = group.broadcast
+
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(group, name)
+
+        def broadcast(self, *args):
+            broadcasts.append(None)
+            return original(*args)
+
+    trainer.group = Counted()
+    try:
+        trainer.send_weights()
+    finally:
+        trainer.group = group
+    return len(broadcasts)
+
+
+def test_a_transfer_by_vllms_weight_transfer_api_loads_every_weight_in_buckets_and_restoring_brings_them_back(
+    engine, sender, weights, trainer_model, perturbed_model
+):
+    """weight_transport gloo: the worker-side engine vLLM builds from weight_transfer_config (registered by the
+    worker extension's module), the trainer's broadcast in buckets, vLLM's layerwise reload around the loads, and
+    the tied head processed again (without that last call: a gap of 1.78 in log-prob, see
+    assert_engine_computes_like)."""
+    ids, mask = prompts(engine)
+    before = engine.generate(ids, mask, GREEDY, 1)["response_ids"]
+    loads = engine.loads
+    try:
+        buckets = transfer(sender, perturbed(weights))
+        total = sum(t.numel() * t.element_size() for _, t in DictSource(engine, weights).pairs())
+        assert buckets >= total // 2**20 > 1  # every bucket within 1 MiB (a larger tensor travels alone)
+        assert engine.loads == loads + 1 and engine.weight_label == f"roll-sync-{loads + 1}"
+        assert not torch.equal(engine.generate(ids, mask, GREEDY, 1)["response_ids"], before)
+        assert_engine_computes_like(engine, perturbed_model)
+    finally:
+        transfer(sender, weights)
+    assert torch.equal(engine.generate(ids, mask, GREEDY, 1)["response_ids"], before)
+    assert_engine_computes_like(engine, trainer_model)
+
+
+def test_a_transfer_between_two_engine_steps_goes_on_with_the_requests(engine, sender, weights, tiny_model):
+    """The trainer sends while a call generates: the update is taken between two engine steps (here after step
+    3, where the generating call first offers the lock), the requests go on, and their later tokens come from the
+    sent weights (the flat weights' log-prob), the earlier ones as a run without the transfer sampled them."""
+    import threading
+
+    from transformers import AutoConfig
+
+    _, client, _ = sender
+    ids, mask = prompts(engine)
+    args = GeneratingArgs(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0)
+    plain = engine.generate(ids, mask, args, 2, seed=3, with_log_probs=True, version_now=lambda: 0)
+    asked = []
+
+    def version_now() -> int:
+        asked.append(None)
+        return client.swap.apply() if len(asked) > 3 else client.swap.version
+
+    base = client.swap.version
+    trainer = threading.Thread(target=transfer, args=(sender, flat(weights)))
+    try:
+        with client.lock:  # the generating call holds the generation lock, as actor_infer's batches do
+            trainer.start()
+            out = engine.generate(ids, mask, args, 2, seed=3, with_log_probs=True, version_now=version_now)
+        trainer.join()
+    finally:
+        trainer.join()
+        transfer(sender, weights)
+    kept, versions = out["response_mask"] > 0, out["token_versions"]
+    before, after = kept & versions.eq(base), kept & versions.eq(base + 1)
+    assert before.any() and after.any() and (before.any(1) & after.any(1)).any()
+    width = out["response_ids"].shape[1]
+    plain = {key: torch.nn.functional.pad(plain[key], (0, width - plain[key].shape[1])) for key in ("response_ids", "infer_log_probs")}
+    assert torch.equal(out["response_ids"][before], plain["response_ids"][before])
+    vocabulary = AutoConfig.from_pretrained(tiny_model).vocab_size
+    uniform = torch.full_like(out["infer_log_probs"][after], -math.log(vocabulary))
+    assert torch.allclose(out["infer_log_probs"][after], uniform, atol=1e-5)

@@ -1,5 +1,6 @@
 """`roll run` with actor_infer on vLLM (its CPU build, as `make install` sets up): generation, the weight sync
-after every update, validation, a checkpoint, and a resume that goes on with async rollouts.
+after every update, validation, a checkpoint, and a resume that goes on with async rollouts and syncs by vLLM's
+weight-transfer API (weight_transport gloo).
 
 The check on the weight sync is the pipeline's own: with `infer_is_cap` set, every step logs the importance
 weights between actor_infer's log-probs of the tokens it sampled and actor_train's log-probs of the same tokens
@@ -77,7 +78,13 @@ def test_a_vllm_run_syncs_weights_validates_checkpoints_and_resumes_async(tmp_pa
     assert kl[2] < 1e-5 and abs(weight_max[2] - 1.0) < 1e-3, (kl, weight_max)
     assert step_metrics(uri, "val_correct/all/mean")  # validation generated on vLLM at step 0 and step 2
 
-    roll_run(*common, "max_steps=4", "async_generation_ratio=1", "--resume")
+    # The resumed run syncs by vLLM's weight-transfer API instead (actor_train broadcasts to the vLLM workers over
+    # gloo, the CPU twin of nccl): its first sync brings the checkpoint's weights to a vLLM started from the
+    # pretrained ones, so step 3 (generated after it, staleness 0) is one policy on both sides only if it landed.
+    gloo = "actor_infer.strategy_args.strategy_config={enforce_eager: true, weight_transport: gloo}"
+    roll_run(*common, "max_steps=4", "async_generation_ratio=1", gloo, "--resume")
+    kl = step_metrics(uri, "offpolicy/kl_infer_old")
+    assert kl[3] < 1e-5, kl
     staleness = step_metrics(uri, "offpolicy/staleness")
     buffered = step_metrics(uri, "offpolicy/buffered_rollouts")
     # the first rollout after the resume is generated with the checkpoint's weights; step 3 launched step 4's

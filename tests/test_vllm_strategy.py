@@ -223,3 +223,36 @@ def test_token_versions_follow_vllms_weight_version_spans():
     assert vllm_infer.token_versions(spans, versions, 4, 7).tolist() == [4, 4, 4, 5, 7, 7, 7]  # padding: the last
     assert vllm_infer.token_versions(None, versions, 5, 3).tolist() == [5, 5, 5]  # no span reported: the start
     assert vllm_infer.token_versions([span("roll-sync-2", 0, 2)], versions, 5, 2).tolist() == [7, 7]
+
+
+def test_transfer_buckets_cut_both_sides_alike_and_hold_at_most_the_bound():
+    """The gloo transport's sender and receivers cut the stream by `bucket_slices` over the same metadata: every
+    tensor once, in order, each bucket within the bound unless one tensor alone exceeds it."""
+    from roll_core.config.clusters import WEIGHT_TRANSPORTS
+    from workers.strategies.gloo_transfer import BACKEND, bucket_slices
+
+    sizes = [40, 30, 50, 200, 10, 10, 90]
+    slices = bucket_slices(sizes, 100)
+    assert [(s.start, s.stop) for s in slices] == [(0, 2), (2, 3), (3, 4), (4, 6), (6, 7)]
+    assert [i for s in slices for i in range(s.start, s.stop)] == list(range(len(sizes)))
+    assert bucket_slices([40, 60, 1], 100) == [slice(0, 2), slice(2, 3)]  # exactly the bound fits
+    assert bucket_slices([], 100) == [] and bucket_slices([100, 100], 100) == [slice(0, 1), slice(1, 2)]
+    with pytest.raises(ValueError, match="must be positive"):
+        bucket_slices(sizes, 0)
+    assert WEIGHT_TRANSPORTS["gloo"] == BACKEND  # the config's name for the backend vLLM's factories know
+
+
+def test_a_transfer_source_that_disagrees_with_its_metadata_stops_the_sender():
+    """The receivers size their buffers from the metadata: a source yielding something else (another name, dtype
+    or shape) must raise before anything of it is broadcast."""
+    from vllm.distributed.weight_transfer.base import ParamMeta
+
+    from workers.strategies.gloo_transfer import _checked
+
+    meta = [ParamMeta("a", torch.float32, (2,)), ParamMeta("b", torch.float32, (3,))]
+    good = [("a", torch.zeros(2)), ("b", torch.zeros(3))]
+    assert [n for n, _ in _checked(iter(good), meta)] == ["a", "b"]
+    for bad in ([("a", torch.zeros(2)), ("c", torch.zeros(3))], [("a", torch.zeros(2)), ("b", torch.zeros(4))],
+                [("a", torch.zeros(2, dtype=torch.float16)), ("b", torch.zeros(3))]):
+        with pytest.raises(ValueError, match="where its metadata says"):
+            list(_checked(iter(bad), meta))

@@ -82,6 +82,9 @@ def one_update(
             batch = batch.update({"old_log_probs": torch.cat(cluster.dispatch("compute_log_probs", batch))})
         metrics = cluster.dispatch("train_step", batch)
         weights = cluster.call("get_weights")[0] if stage == 3 else cluster.call_rank0("get_weights")
+        if stage == 3:  # a weight-transfer sync sizes its buckets by the metadata, then sends the gathered items
+            declared, gathered = cluster.wait(cluster.call_async("__ray_call__", _declared_and_gathered), "meta")[0]
+            assert declared == gathered == [(k, v.dtype, tuple(v.shape)) for k, v in weights.items()]
         # each rank's loss is divided by the global count / world size, so their mean is the global mean
         loss = sum(m["actor/pg_loss"] for m in metrics) / world_size
         return loss, weights
@@ -113,6 +116,13 @@ def test_two_ranks_match_one_rank(stage, one_rank, tiny_model):
     # apart; largest step 0.40. Doubling one side's gradient gives 0.17. The bound allows 4 ulps of the largest
     # weights.
     assert worst < 1e-6, f"largest difference between 1 and 2 ranks: {worst}"
+
+
+def _declared_and_gathered(worker) -> tuple[list, list]:
+    """On every rank together (the items are gathered): what inference_metadata declares, and what
+    inference_items yields, as (name, dtype, shape)."""
+    strategy = worker.strategy
+    return strategy.inference_metadata(), [(k, v.dtype, tuple(v.shape)) for k, v in strategy.inference_items()]
 
 
 def _start(tiny_model) -> dict[str, torch.Tensor]:

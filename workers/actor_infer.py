@@ -8,6 +8,7 @@ pipeline runs it as a threaded Ray actor (`ActorInferWorker.MAX_CONCURRENCY` cal
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from roll_core.batch import Batch
 from roll_core.config import GeneratingArgs, PipelineConfig
 from roll_core.data.loading import collate_prompts
 from workers.base import Worker, load_rng_states, release_free_memory, rng_states
+from workers.inference.held_update import HeldUpdate
 from workers.inference.request_batcher import Request, RequestBatcher
 from workers.inference.version_store import VersionStore
 from workers.inference.weight_swap import WeightSwap
@@ -50,11 +52,13 @@ class ActorInferWorker(Worker):
         self.batcher = RequestBatcher(self._run_batch, max_sequences=section.infer_batch_size, name="actor_infer")
         self._ids = itertools.count()
         self.with_log_probs = pipeline_config.needs_infer_log_probs
-        self.swap = WeightSwap(self.strategy.load_state_dict, self.batcher.generation_lock)
+        self.swap = WeightSwap(self._load, self.batcher.generation_lock)
         """Weight syncs, loaded between two tokens of a generating batch (partial rollouts) or between batches."""
         self.store = VersionStore(self.strategy.load_state_dict) if pipeline_config.partial_rule else None
         """Deterministic partial rollouts (partial_rollout_token): syncs are kept here, and each token loads the
         version its request's rule names instead."""
+        self.transfer: tuple[HeldUpdate, threading.Thread, list[BaseException]] | None = None
+        """The weight update actor_train drives now through vLLM's weight-transfer API (`transfer_*`), if any."""
         self.stats: list[dict[str, int]] = []
         """Per batch run, in order: sequences, tokens generated (up to each row's end) and decode steps (the
         strategy's forward passes, where it counts them)."""
@@ -137,6 +141,64 @@ class ActorInferWorker(Worker):
             self.store.add(state_dict, self.store.newest + 1 if version is None else version, keep_from)
             return
         self.swap.offer(state_dict, version)
+
+    # ---- weights actor_train sends itself (strategy_config.weight_transport: vLLM's weight-transfer API) ----
+    # actor_train's transfer engine calls these four in turn (workers/strategies/vllm_transfer.py); the weights
+    # travel beside Ray (a process group, or CUDA IPC handles), never through it.
+
+    def transfer_init(self, init_info: dict[str, Any]) -> None:
+        """Join actor_train's transfer group (once, before the first sync; a rendezvous both sides enter)."""
+        with self.batcher.generation_lock:
+            self.strategy.transfer_call("init_weight_transfer_engine", init_info)
+
+    def transfer_start(self, version: int) -> None:
+        """Begin the sync that brings `version`: offered like any sync (between two engine steps of a generating
+        batch, or at once), its holder begins vLLM's update and then runs the next calls until `transfer_finish`."""
+        if self.transfer is not None:
+            raise RuntimeError(f"{self.name}[{self.rank}]: a weight transfer is already under way")
+        update, errors = HeldUpdate(), []
+
+        def offer() -> None:
+            try:
+                self.swap.offer(update, version)
+            except BaseException as err:
+                errors.append(err)
+            # returned without holding it: a newer sync replaced it (WeightSwap keeps the newest offer)
+            update.refuse(RuntimeError(f"{self.name}[{self.rank}]: the sync of version {version} was replaced"))
+
+        thread = threading.Thread(target=offer, name=f"transfer-v{version}", daemon=True)
+        thread.start()
+        self.transfer = (update, thread, errors)
+        try:
+            update.wait_begun()
+        except BaseException:
+            self.transfer = None
+            thread.join()
+            raise
+
+    def transfer_update(self, update_info: dict[str, Any]) -> None:
+        """Receive one part of the weights (vLLM's `update_weights`), on the thread that holds the update."""
+        if self.transfer is None:
+            raise RuntimeError(f"{self.name}[{self.rank}]: transfer_update without transfer_start")
+        update = self.transfer[0]
+        update.run(lambda: self.strategy.transfer_call("update_weights", update_info))
+
+    def transfer_finish(self) -> None:
+        """End the update (vLLM's layerwise reload finishes); the generation lock is let go."""
+        if self.transfer is None:
+            raise RuntimeError(f"{self.name}[{self.rank}]: transfer_finish without transfer_start")
+        (update, thread, errors), self.transfer = self.transfer, None
+        update.close()
+        thread.join()
+        if errors:
+            raise errors[0]
+
+    def _load(self, state: Any) -> None:
+        """A sync's weights: a state dict, or an update actor_train drives (HeldUpdate)."""
+        if isinstance(state, HeldUpdate):
+            self.strategy.hold_transfer(state)
+        else:
+            self.strategy.load_state_dict(state)
 
     def rng_state(self) -> dict[str, Any]:
         """The global RNG states (what unseeded sampling draws from), for checkpoints."""

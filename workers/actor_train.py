@@ -76,6 +76,9 @@ class ActorTrainWorker(TrainedWorker):
     section_name = "actor_train"
     metric_prefix = "actor"
 
+    sender = None
+    """The weight-transfer engines to actor_infer (`send_weights`), once opened."""
+
     def model(self) -> nn.Module:
         model = load_causal_lm(self.section.model_args)
         return model if self.section.lora is None else with_lora(model, self.section.lora)
@@ -158,6 +161,22 @@ class ActorTrainWorker(TrainedWorker):
             return adapter_state(self.strategy.module) if self.rank == 0 else {}
         weights = self.strategy.state_dict_for_inference()
         return weights if self.rank == 0 else {}
+
+    def send_weights(self, infer_workers: list, version: int) -> None:
+        """The weights to every actor_infer worker by vLLM's weight-transfer API (actor_infer's strategy_config
+        weight_transport nccl, ipc or gloo; workers/strategies/vllm_transfer.py), which then hold them as
+        `version`. Every rank takes part (ZeRO-3 gathers); rank 0 sends. The transfer groups open at the first
+        call."""
+        from workers.base import node_ip
+        from workers.strategies.vllm_transfer import TrainerSource, WeightSender
+
+        self.on_device()
+        infer = self.cfg.actor_infer
+        if self.sender is None:
+            tie = bool(getattr(self.strategy.module.config, "tie_word_embeddings", False))
+            source = TrainerSource(self.strategy, tie)
+            self.sender = WeightSender(infer.weight_transport, self.rank, source, infer.weight_bucket_bytes, node_ip())
+        self.sender.send(infer_workers, int(infer.strategy_args.strategy_config.get("tensor_parallel_size", 1)), version)
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:
         """DeepSpeed's checkpoint and RNG states (every rank), and the weights as a Hugging Face folder (rank 0; a

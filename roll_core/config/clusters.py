@@ -139,6 +139,11 @@ TRAIN_STRATEGIES = ("deepspeed_train",)
 INFER_STRATEGIES = ("hf_infer", "vllm")
 
 
+WEIGHT_TRANSPORTS = {"rpc": None, "nccl": "nccl", "ipc": "ipc", "gloo": "roll_gloo"}
+"""vLLM's strategy_config.weight_transport: how weight syncs reach the engine, and the backend of vLLM's
+weight-transfer API each one uses (rpc: none, the weights go through Ray and collective_rpc)."""
+
+
 def custom_resource_problems(resources: dict[str, float]) -> Iterator[tuple[str, str]]:
     """Problems of a section's `resources` (custom Ray resources per worker)."""
     for name, amount in resources.items():
@@ -282,10 +287,29 @@ class ActorInferConfig(ClusterConfig):
     generating_args: GeneratingArgs = field(default_factory=GeneratingArgs)
     strategy_args: StrategyArgs = field(default_factory=lambda: StrategyArgs(strategy_name="hf_infer"))
 
+    @property
+    def weight_bucket_bytes(self) -> int:
+        """vLLM's strategy_config.weight_bucket_mb (256 when unset) in bytes: the most tensor data one part of a
+        weight sync carries."""
+        return int(float(self.strategy_args.strategy_config.get("weight_bucket_mb", 256)) * 2**20)
+
+    @property
+    def weight_transport(self) -> str:
+        """strategy_config.weight_transport (vLLM; `rpc` when unset or for the transformers engine)."""
+        return self.strategy_args.strategy_config.get("weight_transport", "rpc")
+
     def validate(self) -> Iterator[tuple[str, str]]:
         yield from super().validate()
         if self.strategy_args.strategy_name not in INFER_STRATEGIES:
             yield "strategy_args.strategy_name", f"must be one of {list(INFER_STRATEGIES)}"
+        transport = self.weight_transport
+        key = "strategy_args.strategy_config.weight_transport"
+        if transport not in WEIGHT_TRANSPORTS:
+            yield key, f"must be one of {list(WEIGHT_TRANSPORTS)}, got {transport!r}"
+        elif transport != "rpc" and self.strategy_args.strategy_name != "vllm":
+            yield key, f"{transport} is vLLM's weight-transfer API: it needs strategy_name vllm"
+        elif transport in ("nccl", "ipc") and self.num_gpus_per_worker <= 0:
+            yield key, f"{transport} moves GPU tensors: actor_infer needs GPUs (num_gpus_per_worker > 0)"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ from typing import Literal
 
 from roll_core.config.clusters import (
     VLLM_MAX_LORA_RANKS,
+    WEIGHT_TRANSPORTS,
     ActorInferConfig,
     ActorTrainConfig,
     CriticConfig,
@@ -195,6 +196,27 @@ class PipelineConfig:
         yield from self._validate_algorithms()
         yield from self._validate_batch_division()
         yield from self._validate_lora()
+        yield from self._validate_weight_transport()
+
+    def _validate_weight_transport(self) -> Iterator[tuple[str, str]]:
+        transport = self.actor_infer.weight_transport
+        if transport == "rpc" or transport not in WEIGHT_TRANSPORTS:
+            return
+        key = "actor_infer.strategy_args.strategy_config.weight_transport"
+        if self.actor_train.lora is not None:
+            yield key, f"{transport}: with actor_train.lora a sync brings the adapters as a folder; use rpc"
+        infer, train = set(self.actor_infer.devices or []), set(self.actor_train.devices or [])
+        shared = infer & train
+        if transport == "ipc" and self.actor_infer.devices is not None and not infer <= train:
+            yield key, (
+                f"ipc opens actor_train's tensors on the GPU they are on: every GPU of actor_infer must be one of "
+                f"actor_train's; GPUs {sorted(infer - train)} are not"
+            )
+        if transport == "nccl" and shared:
+            yield key, (
+                f"nccl puts actor_train and the vLLM workers in one NCCL group, which cannot have two ranks on a "
+                f"GPU; they share GPUs {sorted(shared)}: use ipc"
+            )
 
     def _validate_partial_rollout_token(self) -> Iterator[tuple[str, str]]:
         token = self.partial_rollout_token

@@ -396,7 +396,14 @@ class RLVRPipeline:
     def sync_weights(self) -> None:
         """actor_train's weights to actor_infer, as a new version; the schedulers keep a reference to them for a
         worker that Ray restarts (it comes back with the starting weights), at the cost of one copy of the weights
-        in Ray's object store."""
+        in Ray's object store. With a weight_transport (vLLM's weight-transfer API) actor_train sends them itself
+        and nothing is kept."""
+        if self.cfg.actor_infer.weight_transport != "rpc":
+            self.weights_version = self.loop.trained_version
+            self.runtime.actor_train.call("send_weights", self.runtime.actor_infer.workers, self.weights_version)
+            self.synced_once = True
+            self.runtime.on_schedulers("set_weights", self.weights_version, [None])
+            return
         stage = self.cfg.actor_train.zero_stage
         # The reference to rank 0's result goes on as it is: the weights pass from actor_train's object store to
         # the workers without a copy into this process and another back out (a 7B model's 15 GB, every step).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -118,23 +119,40 @@ class DeepSpeedTrainStrategy:
 
     def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
         """Full weights on CPU, for actor_infer. ZeRO stages 0-2 keep whole parameters on every rank; under
-        stage 3 each rank holds a shard, so every rank must call this together: the parameters are gathered
-        (one module at a time, to bound memory) and copied out."""
-        if self.zero_stage < 3:
-            # No copy of CPU parameters: Ray serialises the result as this call returns, before any update.
-            return {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
-        import deepspeed
+        stage 3 each rank holds a shard, so every rank must call this together (`inference_items`)."""
+        # No copy of CPU parameters: Ray serialises the result as this call returns, before any update.
+        return {name: tensor.to("cpu") for name, tensor in self.inference_items()}
 
-        out: dict[str, torch.Tensor] = {}
+    def inference_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) of every parameter and persistent buffer, where they live (a GPU tensor stays on
+        the GPU), one module at a time. Under ZeRO-3 each module's parameters are gathered (every rank must
+        iterate together: the gather is a collective) and copied out of the gathered storage, which the next
+        module's gather replaces; under stages 0-2 the parameters themselves, detached."""
+        stage3 = self.zero_stage == 3
+        if stage3:
+            import deepspeed
         # Per-module, non-recursive listing keeps tied weights under every name they have (lm_head and embedding).
         for prefix, module in self.module.named_modules():
             own = list(module.named_parameters(recurse=False))
-            with deepspeed.zero.GatheredParameters([p for _, p in own], modifier_rank=None):
-                for name, param in own:
-                    out[f"{prefix}.{name}" if prefix else name] = param.detach().to("cpu", copy=True)
+            if stage3:
+                with deepspeed.zero.GatheredParameters([p for _, p in own], modifier_rank=None):
+                    copies = [(name, param.detach().clone()) for name, param in own]
+                yield from ((_dotted(prefix, name), tensor) for name, tensor in copies)
+            else:
+                yield from ((_dotted(prefix, name), param.detach()) for name, param in own)
             for name, buf in module.named_buffers(recurse=False):
                 if name not in module._non_persistent_buffers_set:
-                    out[f"{prefix}.{name}" if prefix else name] = buf.detach().to("cpu", copy=True)
+                    yield _dotted(prefix, name), buf.detach().clone() if stage3 else buf.detach()
+
+    def inference_metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(name, dtype, full shape) of what `inference_items` yields, in its order, without gathering anything."""
+        out = []
+        for prefix, module in self.module.named_modules():
+            for name, param in module.named_parameters(recurse=False):
+                out.append((_dotted(prefix, name), param.dtype, tuple(getattr(param, "ds_shape", param.shape))))
+            for name, buf in module.named_buffers(recurse=False):
+                if name not in module._non_persistent_buffers_set:
+                    out.append((_dotted(prefix, name), buf.dtype, tuple(buf.shape)))
         return out
 
     def save(self, path: str, client_state: dict[str, Any]) -> None:
@@ -159,3 +177,6 @@ class DeepSpeedTrainStrategy:
         load_rng_states(torch.load(os.path.join(path, f"rng_rank{rank}.pt"), weights_only=False))
         return client_state or {}
 
+
+def _dotted(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name

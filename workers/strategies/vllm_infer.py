@@ -8,8 +8,15 @@ actor_train's weight names to what vLLM's `load_weights` expects, and the conver
 `strategy_args.strategy_config` keys (all optional): tensor_parallel_size (1), gpu_memory_utilization (0.6, CUDA
 only), enable_sleep_mode (true: the engine frees its GPU memory between rollouts when colocated with training;
 vLLM's CPU build has no sleep mode, so it is off there), weight_bucket_mb (256: the most tensor data one weight-sync
-call carries), cpu_kvcache_space_gib (1: the KV cache of vLLM's CPU build), logprobs_mode, and any other keyword of
-`vllm.LLM` (max_model_len, enforce_eager, ...).
+call carries), weight_transport (rpc: how weight syncs travel, below), cpu_kvcache_space_gib (1: the KV cache of
+vLLM's CPU build), logprobs_mode, and any other keyword of `vllm.LLM` (max_model_len, enforce_eager, ...).
+
+Weight syncs travel one of two ways. `rpc` (the default): actor_train's weights go through Ray's object store to
+actor_infer, which sends them bucket by bucket through `collective_rpc` to WeightSyncExtension in vLLM's workers.
+`nccl`, `ipc` or `gloo`: vLLM's weight-transfer API, driven by actor_train itself (workers/strategies/
+vllm_transfer.py): the engine starts with that `weight_transfer_config`, and actor_train broadcasts to the vLLM
+workers in an NCCL group (separate GPUs), hands them CUDA IPC handles of its own GPU tensors (shared GPUs), or
+broadcasts over gloo (CPU; what CI runs). actor_infer only holds the generation still meanwhile (`hold_transfer`).
 
 With LoRA (actor_train.lora) the engine is started with `enable_lora` and serves the base model plus the trained
 adapters, vLLM's own way: each weight sync writes the adapters (a peft folder) to a folder on the engine's node and
@@ -25,17 +32,18 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from roll_core.config import ClusterConfig, GeneratingArgs
-from roll_core.config.clusters import LoraArgs
+from roll_core.config.clusters import WEIGHT_TRANSPORTS, LoraArgs
 from workers.strategies.lora import vllm_max_lora_rank, write_adapter_folder
 from workers.strategies.vllm_weights import (
-    DEFAULT_BUCKET_BYTES,
     WeightSyncExtension,
     pack_bucket,
+    vllm_weight_name,
     weight_buckets,
 )
 
@@ -114,27 +122,14 @@ def sampling_kwargs(
     return kwargs
 
 
-#: Prefixes that wrappers add to parameter names (DeepSpeed/DDP `module.`, torch.compile `_orig_mod.`).
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-
-
 def vllm_weight_items(
     state_dict: Mapping[str, torch.Tensor], tie_word_embeddings: bool
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs for vLLM's `model.load_weights`: Hugging Face names, wrapper prefixes removed.
-
-    vLLM's model classes take checkpoint (HF) names and fuse q/k/v and gate/up projections themselves, so names
-    are otherwise kept. A tied lm_head is skipped: vLLM shares it with the embedding and would reject it.
-    Rotary caches (`rotary_emb.inv_freq`) are buffers vLLM computes itself and are skipped too."""
+    """(name, tensor) pairs for vLLM's `model.load_weights`: Hugging Face names, wrapper prefixes removed
+    (`vllm_weight_name`)."""
     for name, tensor in state_dict.items():
-        for prefix in _WRAPPER_PREFIXES:
-            while name.startswith(prefix):
-                name = name[len(prefix) :]
-        if tie_word_embeddings and name == "lm_head.weight":
-            continue
-        if name.endswith("rotary_emb.inv_freq"):
-            continue
-        yield name, tensor
+        if (vllm_name := vllm_weight_name(name, tie_word_embeddings)) is not None:
+            yield vllm_name, tensor
 
 
 def outputs_to_tensors(
@@ -197,7 +192,13 @@ class VLLMInferStrategy:
         self.config = config
         self.tokenizer = load_tokenizer(config.model_args)
         self.pad_id = self.tokenizer.pad_token_id
-        self.bucket_bytes = int(float(options.pop("weight_bucket_mb", DEFAULT_BUCKET_BYTES / 2**20)) * 2**20)
+        self.bucket_bytes = config.weight_bucket_bytes
+        options.pop("weight_bucket_mb", None)
+        self.transport = options.pop("weight_transport", "rpc")
+        if self.transport != "rpc":
+            from vllm.config import WeightTransferConfig
+
+            options["weight_transfer_config"] = WeightTransferConfig(backend=WEIGHT_TRANSPORTS[self.transport])
         sleep_mode = bool(options.pop("enable_sleep_mode", True))
         kvcache_gib = options.pop("cpu_kvcache_space_gib", 1)
         if self.build == "cpu":
@@ -341,15 +342,40 @@ class VLLMInferStrategy:
         if self.lora is not None:
             self.load_adapter(state_dict)
             return
-        self.wake_up(("weights",))
-        if self.in_flight:  # requests stay in vLLM's scheduler, with their KV cache, and go on after the load
-            self.engine_utility("pause_scheduler", "keep", False)
-        try:
+        with self.new_weights():
             items = vllm_weight_items(state_dict, self.tie_word_embeddings)
             self.llm.collective_rpc("roll_begin_weight_update")
             for bucket in weight_buckets(items, self.bucket_bytes):
                 self.llm.collective_rpc("roll_load_weights", args=(pack_bucket(bucket),))
             self.llm.collective_rpc("roll_finish_weight_update")
+
+    def hold_transfer(self, update: Any) -> None:
+        """A sync actor_train drives through vLLM's weight-transfer API (workers/inference/held_update.py): vLLM's
+        update begun here, the trainer's calls run until its finish, then vLLM's update finished."""
+
+        def end() -> None:
+            self.transfer_call("finish_weight_update")
+            self.transfer_call("roll_reprocess_tied_layers")
+
+        with self.new_weights():
+            update.hold(begin=lambda: self.transfer_call("start_weight_update"), end=end)
+
+    def transfer_call(self, method: str, *args: Any) -> None:
+        """One of vLLM's worker weight-transfer methods, in every worker."""
+        if self.transport == "rpc":
+            raise RuntimeError("actor_infer: weight_transport is rpc; actor_train's transfer engine has no peer here")
+        self.llm.collective_rpc(method, args=args)
+
+    @contextmanager
+    def new_weights(self) -> Iterator[None]:
+        """Around a load of new weights: the weights woken, generating requests paused (they stay in vLLM's
+        scheduler with their KV cache and go on after the load), and after it the engine's weights label advanced
+        and the prefix cache reset."""
+        self.wake_up(("weights",))
+        if self.in_flight:
+            self.engine_utility("pause_scheduler", "keep", False)
+        try:
+            yield
             self.weights_discarded = False
             self.loads += 1
             self.engine_utility("set_weight_version", self.weight_label)

@@ -20,8 +20,48 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+
+def register_transfer_backends() -> None:
+    """Name this project's weight-transfer backend (gloo_transfer.py) in vLLM's two factories. Idempotent;
+    nothing to do where vLLM is absent."""
+    try:
+        from vllm.distributed.weight_transfer.factory import (
+            WeightTransferEngineFactory,
+            WeightTransferTrainerFactory,
+        )
+    except ImportError:  # no vLLM here: its strategy says so when it is built
+        return
+    from workers.strategies import gloo_transfer
+
+    for factory, cls in (
+        (WeightTransferEngineFactory, gloo_transfer.GlooWeightTransferEngine),
+        (WeightTransferTrainerFactory, gloo_transfer.GlooTrainerWeightTransferEngine),
+    ):
+        if gloo_transfer.BACKEND not in factory._registry:
+            factory.register_engine(gloo_transfer.BACKEND, cls)
+
+
+register_transfer_backends()  # vLLM's workers import this module (the extension) before they build a transfer engine
+
 #: Default bound on the bytes of one bucket sent through collective_rpc (vLLM's RPC buffers a message whole).
 DEFAULT_BUCKET_BYTES = 256 * 2**20
+
+
+#: Prefixes that wrappers add to parameter names (DeepSpeed/DDP `module.`, torch.compile `_orig_mod.`).
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def vllm_weight_name(name: str, tie_word_embeddings: bool) -> str | None:
+    """The name vLLM's `model.load_weights` takes for one of actor_train's tensors, or None for one it must not
+    get. vLLM's model classes take checkpoint (HF) names and fuse q/k/v and gate/up projections themselves, so
+    names are kept but for wrapper prefixes. A tied lm_head is skipped: vLLM shares it with the embedding and
+    would reject it. Rotary caches (`rotary_emb.inv_freq`) are buffers vLLM computes itself and are skipped too."""
+    for prefix in _WRAPPER_PREFIXES:
+        while name.startswith(prefix):
+            name = name[len(prefix) :]
+    if (tie_word_embeddings and name == "lm_head.weight") or name.endswith("rotary_emb.inv_freq"):
+        return None
+    return name
 
 
 def weight_buckets(
@@ -83,6 +123,12 @@ def tied_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [layer for layers in owners.values() for layer in layers[1:]]
 
 
+def reprocess_tied_layers(model: torch.nn.Module) -> None:
+    """Run the post-load step of the tied layers (`tied_layers`) after a layerwise reload."""
+    for layer in tied_layers(model):
+        layer.quant_method.process_weights_after_loading(layer)
+
+
 class WeightSyncExtension:
     """Methods added to vLLM's worker (`LLM(worker_extension_cls=...)`), called with `collective_rpc(name)`.
 
@@ -118,5 +164,11 @@ class WeightSyncExtension:
         model = self.get_model()
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(model, self.vllm_config.model_config)
-            for layer in tied_layers(model):
-                layer.quant_method.process_weights_after_loading(layer)
+        self.roll_reprocess_tied_layers()
+
+    def roll_reprocess_tied_layers(self) -> None:
+        """After an update by vLLM's weight-transfer API (whose finish runs the layerwise reload's alone)."""
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):
+            reprocess_tied_layers(self.get_model())
