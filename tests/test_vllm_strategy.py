@@ -256,3 +256,47 @@ def test_a_transfer_source_that_disagrees_with_its_metadata_stops_the_sender():
                 [("a", torch.zeros(2, dtype=torch.float16)), ("b", torch.zeros(3))]):
         with pytest.raises(ValueError, match="where its metadata says"):
             list(_checked(iter(bad), meta))
+
+
+def cuda_ipc_args() -> tuple:
+    """reduce_tensor's argument tuple for a CUDA tensor, as torch builds it (the values made up: no GPU here)."""
+    return (torch.Tensor, torch.Size([4, 8]), (8, 1), 0, torch.TypedStorage, torch.bfloat16, 0,
+            b"\x01cuda-allocation", 64, 0, False, b"/refcount", 3, b"\x02event", True)
+
+
+def test_ipc_handles_cross_vllms_rpc_without_pickle():
+    """weight_transport ipc: vLLM's msgpack RPC refuses reduce_tensor's tuple as it is (classes and a dtype; vLLM's
+    own IPC example turns pickle on for it); encoded, it crosses with VLLM_ALLOW_INSECURE_SERIALIZATION unset and
+    comes back as the tuple rebuild_cuda_tensor takes."""
+    from vllm import envs
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from roll_core.config.clusters import WEIGHT_TRANSPORTS
+    from workers.strategies.ipc_transfer import BACKEND, IPCHandleEngine, encode_update_info
+
+    assert not envs.VLLM_ALLOW_INSECURE_SERIALIZATION and WEIGHT_TRANSPORTS["ipc"] == BACKEND
+    update = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[4, 8]], "tensor_sizes": [64],
+              "ipc_handles": {"GPU-uuid-0": cuda_ipc_args()}}
+    with pytest.raises(TypeError, match="not serializable"):
+        MsgpackEncoder().encode(update)
+    crossed = MsgpackDecoder().decode(MsgpackEncoder().encode(encode_update_info(update)))
+    engine = object.__new__(IPCHandleEngine)  # its parsing needs no model
+    parsed = engine.parse_update_info(crossed)
+    assert parsed.ipc_handles == {"GPU-uuid-0": cuda_ipc_args()}
+    assert parsed.names == ["w"] and parsed.tensor_sizes == [64]
+    unpacked = {**update, "ipc_handles": [{"GPU-uuid-0": cuda_ipc_args()}]}  # one handle per tensor
+    crossed = MsgpackDecoder().decode(MsgpackEncoder().encode(encode_update_info(unpacked)))
+    assert engine.parse_update_info(crossed).ipc_handles == [{"GPU-uuid-0": cuda_ipc_args()}]
+
+
+def test_an_ipc_handle_naming_anything_else_is_refused():
+    from workers.strategies.ipc_transfer import decode_ipc_args, encode_ipc_args
+
+    values = encode_ipc_args(cuda_ipc_args())
+    for index, bad in ((0, "os.system"), (4, "Storage"), (5, "nn")):
+        with pytest.raises(ValueError, match="IPC handle"):
+            decode_ipc_args(values[:index] + [bad] + values[index + 1 :])
+    with pytest.raises(ValueError, match="expected 15"):
+        decode_ipc_args(values[:-1])
+    with pytest.raises(ValueError, match="none of"):
+        encode_ipc_args((dict, *cuda_ipc_args()[1:]))

@@ -139,9 +139,10 @@ TRAIN_STRATEGIES = ("deepspeed_train",)
 INFER_STRATEGIES = ("hf_infer", "vllm")
 
 
-WEIGHT_TRANSPORTS = {"rpc": None, "nccl": "nccl", "ipc": "ipc", "gloo": "roll_gloo"}
+WEIGHT_TRANSPORTS = {"rpc": None, "nccl": "nccl", "ipc": "roll_ipc", "gloo": "roll_gloo"}
 """vLLM's strategy_config.weight_transport: how weight syncs reach the engine, and the backend of vLLM's
-weight-transfer API each one uses (rpc: none, the weights go through Ray and collective_rpc)."""
+weight-transfer API each one uses (rpc: none, the weights go through Ray and collective_rpc; roll_ipc is vLLM's
+IPC engine taking handles without pickle, workers/strategies/ipc_transfer.py)."""
 
 
 def custom_resource_problems(resources: dict[str, float]) -> Iterator[tuple[str, str]]:

@@ -20,6 +20,7 @@ import torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
 from roll_core.config.clusters import WEIGHT_TRANSPORTS
+from workers.strategies.ipc_transfer import encode_update_info
 from workers.strategies.vllm_weights import register_transfer_backends, vllm_weight_name
 
 
@@ -59,6 +60,10 @@ class InferWorkerClient:
         self._call("transfer_start", self.version)
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        if isinstance(update_info, list):
+            update_info = [encode_update_info(info) for info in update_info]
+        else:
+            update_info = encode_update_info(update_info)
         self._call("transfer_update", update_info)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:

@@ -22,8 +22,9 @@ import torch
 
 
 def register_transfer_backends() -> None:
-    """Name this project's weight-transfer backend (gloo_transfer.py) in vLLM's two factories. Idempotent;
-    nothing to do where vLLM is absent."""
+    """Name this project's weight-transfer backends in vLLM's factories: gloo (gloo_transfer.py, both sides) and
+    the workers' side of ipc (ipc_transfer.py; actor_train uses vLLM's IPC trainer engine). Idempotent; nothing to
+    do where vLLM is absent."""
     try:
         from vllm.distributed.weight_transfer.factory import (
             WeightTransferEngineFactory,
@@ -31,14 +32,15 @@ def register_transfer_backends() -> None:
         )
     except ImportError:  # no vLLM here: its strategy says so when it is built
         return
-    from workers.strategies import gloo_transfer
+    from workers.strategies import gloo_transfer, ipc_transfer
 
-    for factory, cls in (
-        (WeightTransferEngineFactory, gloo_transfer.GlooWeightTransferEngine),
-        (WeightTransferTrainerFactory, gloo_transfer.GlooTrainerWeightTransferEngine),
+    for factory, name, cls in (
+        (WeightTransferEngineFactory, gloo_transfer.BACKEND, gloo_transfer.GlooWeightTransferEngine),
+        (WeightTransferTrainerFactory, gloo_transfer.BACKEND, gloo_transfer.GlooTrainerWeightTransferEngine),
+        (WeightTransferEngineFactory, ipc_transfer.BACKEND, ipc_transfer.IPCHandleEngine),
     ):
-        if gloo_transfer.BACKEND not in factory._registry:
-            factory.register_engine(gloo_transfer.BACKEND, cls)
+        if name not in factory._registry:
+            factory.register_engine(name, cls)
 
 
 register_transfer_backends()  # vLLM's workers import this module (the extension) before they build a transfer engine
