@@ -300,3 +300,29 @@ def test_an_ipc_handle_naming_anything_else_is_refused():
         decode_ipc_args(values[:-1])
     with pytest.raises(ValueError, match="none of"):
         encode_ipc_args((dict, *cuda_ipc_args()[1:]))
+
+
+def test_every_weight_transport_names_a_backend_both_sides_of_vllm_know():
+    """The config's transports against vLLM's factories: the engine side builds the backend the config names, the
+    trainer side dispatches on the init info trainer_init_info builds (its `backend`), which must exist too; the
+    init infos construct without a GPU (CUDA is touched only when a trainer engine opens)."""
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    from roll_core.config.clusters import WEIGHT_TRANSPORTS
+    from workers.strategies.vllm_transfer import trainer_init_info
+    from workers.strategies.vllm_weights import register_transfer_backends
+
+    register_transfer_backends()
+    for transport, backend in WEIGHT_TRANSPORTS.items():
+        if backend is None:
+            continue
+        assert backend in WeightTransferEngineFactory._registry, transport
+        info = trainer_init_info(transport, 0, "10.0.0.7", 29500, 2, 2**20)
+        assert info.backend in WeightTransferTrainerFactory._registry and info.is_sender, transport
+        if transport != "ipc":  # a group: actor_train's sender and the engine's 2 workers
+            assert (info.master_address, info.master_port, info.world_size) == ("10.0.0.7", 29500, 3), transport
+    with pytest.raises(ValueError, match="has no trainer engine"):
+        trainer_init_info("rpc", 0, "10.0.0.7", 29500, 1, 2**20)

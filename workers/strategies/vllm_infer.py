@@ -16,7 +16,8 @@ actor_infer, which sends them bucket by bucket through `collective_rpc` to Weigh
 `nccl`, `ipc` or `gloo`: vLLM's weight-transfer API, driven by actor_train itself (workers/strategies/
 vllm_transfer.py): the engine starts with that `weight_transfer_config`, and actor_train broadcasts to the vLLM
 workers in an NCCL group (separate GPUs), hands them CUDA IPC handles of its own GPU tensors (shared GPUs; the
-handles encoded without pickle, ipc_transfer.py), or broadcasts over gloo (CPU; what CI runs). actor_infer only holds the generation still meanwhile (`hold_transfer`).
+handles encoded without pickle, ipc_transfer.py), or broadcasts over gloo (CPU; what CI runs). actor_infer only
+holds the generation still meanwhile (`hold_transfer`).
 
 With LoRA (actor_train.lora) the engine is started with `enable_lora` and serves the base model plus the trained
 adapters, vLLM's own way: each weight sync writes the adapters (a peft folder) to a folder on the engine's node and

@@ -11,7 +11,8 @@ pickled and neither side holds a second copy of the whole model. (vLLM's msgpack
 where a type hint says one is expected, which a collective_rpc argument has not: a bare tensor arrives as a list.)
 
 This module is imported inside vLLM's worker processes: it must not import anything of the pipeline's that vLLM
-workers cannot load (Ray actors, the config).
+workers cannot load (Ray actors, the config). Importing it also registers this project's backends of vLLM's
+weight-transfer API (`register_transfer_backends`), which is how vLLM's workers find them.
 """
 
 from __future__ import annotations
