@@ -29,25 +29,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from workers.strategies.vllm_weights import bucket_slices
+
 BACKEND = "roll_gloo"
 TIMEOUT = datetime.timedelta(minutes=10)
 """How long a rendezvous or a broadcast waits for the other side."""
-
-
-def bucket_slices(sizes: list[int], max_bytes: int) -> list[slice]:
-    """Consecutive index ranges of `sizes` (bytes per tensor) holding at most `max_bytes` each; a tensor larger than
-    the bound is a bucket of its own. Both sides cut the stream with this, from the same metadata."""
-    if max_bytes <= 0:
-        raise ValueError(f"bucket bytes must be positive, got {max_bytes}")
-    out, start, total = [], 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and total + size > max_bytes:
-            out.append(slice(start, i))
-            start, total = i, 0
-        total += size
-    if start < len(sizes):
-        out.append(slice(start, len(sizes)))
-    return out
 
 
 def _nbytes(dtype: torch.dtype, shape: list[int]) -> int:

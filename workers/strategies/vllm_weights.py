@@ -17,7 +17,7 @@ weight-transfer API (`register_transfer_backends`), which is how vLLM's workers 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 
@@ -43,9 +43,6 @@ def register_transfer_backends() -> None:
         if name not in factory._registry:
             factory.register_engine(name, cls)
 
-
-register_transfer_backends()  # vLLM's workers import this module (the extension) before they build a transfer engine
-
 #: Default bound on the bytes of one bucket sent through collective_rpc (vLLM's RPC buffers a message whole).
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 
@@ -67,24 +64,30 @@ def vllm_weight_name(name: str, tie_word_embeddings: bool) -> str | None:
     return name
 
 
-def weight_buckets(
-    items: Iterable[tuple[str, torch.Tensor]], max_bytes: int = DEFAULT_BUCKET_BYTES
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """(name, tensor) pairs in order, grouped into lists of at most `max_bytes` of tensor data each. A tensor
-    larger than the bound travels alone in its own bucket (it cannot be split without vLLM knowing how)."""
+def bucket_slices(sizes: list[int], max_bytes: int) -> list[slice]:
+    """Consecutive index ranges of `sizes` (bytes per tensor) holding at most `max_bytes` each; a tensor larger than
+    the bound is a bucket of its own (it cannot be split without vLLM knowing how). The gloo transport's two sides
+    cut one stream with it from the same metadata."""
     if max_bytes <= 0:
         raise ValueError(f"max_bytes must be positive, got {max_bytes}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in items:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > max_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
+    out, start, total = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > max_bytes:
+            out.append(slice(start, i))
+            start, total = i, 0
+        total += size
+    if start < len(sizes):
+        out.append(slice(start, len(sizes)))
+    return out
+
+
+def weight_buckets(
+    items: Iterable[tuple[str, torch.Tensor]], max_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[list[tuple[str, torch.Tensor]]]:
+    """(name, tensor) pairs in order, grouped into lists of at most `max_bytes` of tensor data each
+    (`bucket_slices`)."""
+    items = list(items)
+    return [items[part] for part in bucket_slices([t.numel() * t.element_size() for _, t in items], max_bytes)]
 
 
 def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
@@ -175,3 +178,6 @@ class WeightSyncExtension:
 
         with set_current_vllm_config(self.vllm_config):
             reprocess_tied_layers(self.get_model())
+
+
+register_transfer_backends()  # vLLM's workers import this module (the extension) before they build a transfer engine
