@@ -27,6 +27,7 @@ The parts, each in its own module: the rollout of one group, chosen per domain b
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import zlib
@@ -95,9 +96,12 @@ class DynamicSamplingScheduler:
         self._calls_made = 0
         """get_batch and validate calls so far; part of request ids and seeds."""
         self.bound_hits = 0
-        self._filling = asyncio.Lock()
-        """One step fills at a time: with rollouts launched several steps ahead (async_generation_ratio >= 2) the
-        next step's get_batch waits here for the one before, so draws, ledger and call numbers go in step order."""
+        self._fills: collections.deque[int] = collections.deque()
+        """The call numbers of the fills reserved and not ended, in the order reserved; the first one runs. One
+        step fills at a time, in the order the driver launched them (reserve_fill): Ray runs an async actor's
+        calls in any order, so two get_batch calls sent together (rollouts launched several steps ahead) may
+        arrive swapped, and draws, ledger and call numbers must still go in step order."""
+        self._turn = asyncio.Condition()
         ledger = cfg.dynamic_sampling.ledger
         self.ledger = (
             DifficultyLedger(
@@ -117,24 +121,46 @@ class DynamicSamplingScheduler:
 
     # ------------------------------------------------------------------------------------------- a step
 
+    async def reserve_fill(self) -> int:
+        """The call number of the next fill, reserved in the order these calls come (the driver waits for each
+        before it sends the get_batch that names it): fills run in reservation order, whatever order Ray delivers
+        their get_batch calls in."""
+        call = self._next_call()
+        self._fills.append(call)
+        return call
+
     async def get_batch(
-        self, num_prompts: int, group_size: int, args: GeneratingArgs, pin: tuple[int, int | None] | None = None
+        self, num_prompts: int, group_size: int, args: GeneratingArgs, pin: tuple[int, int | None] | None = None,
+        call: int | None = None,
     ) -> tuple[Batch, dict[str, float]]:
         """`num_prompts` groups of `group_size` scored responses that passed the filters, and the step's metrics
-        (scheduler/<domain>/... and reward/<domain>/... over every group scored this step). Calls run one after
-        the other, in the order they came. `pin` (partial_rollout_token): every request of this fill names that
-        (weights version, token at which it goes on with the next version)."""
-        async with self._filling:
+        (scheduler/<domain>/... and reward/<domain>/... over every group scored this step). Fills run one after
+        the other: in the order of their reserved `call` numbers (reserve_fill), else (no `call`) in the order
+        they came. `pin` (partial_rollout_token): every request of this fill names that (weights version, token
+        at which it goes on with the next version)."""
+        if call is None:
+            call = await self.reserve_fill()
+        elif call not in self._fills:
+            raise ValueError(f"scheduler[{self.domain}]: fill {call} was not reserved (reserved: {list(self._fills)})")
+        try:
+            async with self._turn:
+                await self._turn.wait_for(lambda: self._fills[0] == call)
             self.infer.pinned = pin
             try:
-                return await self._fill(num_prompts, group_size, args)
+                return await self._fill(call, num_prompts, group_size, args)
             finally:
                 self.infer.pinned = None
+        finally:
+            self._fills.remove(call)
+            async with self._turn:
+                self._turn.notify_all()
 
-    async def _fill(self, num_prompts: int, group_size: int, args: GeneratingArgs) -> tuple[Batch, dict[str, float]]:
+    async def _fill(
+        self, call: int, num_prompts: int, group_size: int, args: GeneratingArgs
+    ) -> tuple[Batch, dict[str, float]]:
         bound = max(num_prompts, math.ceil(self.max_prompts_factor * num_prompts))
         step = FillStep(
-            self.rollout, call=self._next_call(), share=num_prompts, group_size=group_size, args=args, bound=bound,
+            self.rollout, call=call, share=num_prompts, group_size=group_size, args=args, bound=bound,
             max_in_flight=self.sampling.max_running_requests, pass_rate=self.pass_rate,
             deterministic=self.deterministic,
         )

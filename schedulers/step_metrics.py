@@ -41,7 +41,7 @@ def step_metrics(
     if ledger is not None:
         metrics[f"{p}/skipped_by_ledger"] = float(stats.skipped_by_ledger)
         # What generating them would have cost at this step's rate: an estimate, from seconds per drawn prompt.
-        metrics[f"{p}/ledger_s_saved_est"] = stats.skipped_by_ledger * outcome.wall_s / max(stats.drawn, 1)
+        metrics[f"{p}/ledger_saved_est_s"] = stats.skipped_by_ledger * outcome.wall_s / max(stats.drawn, 1)
         metrics[f"{p}/ledger_uniform_rows"] = float(ledger.uniform_rows())
     scores = [r.score for g in scored for r in g.results if not r.masked]
     if scores:

@@ -9,6 +9,7 @@ fewer steps, no checkpoints, a temporary MLflow store."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,25 +22,51 @@ PROMPTS = 32
 STEPS = 20
 
 
-def small_math_config(example: str, tmp_path, tiny_model, tracking_uri: str | None = None) -> dict:
-    cfg = yaml.safe_load((EXAMPLES / example).read_text())
-    rows = (EXAMPLES / "data" / "math_train.jsonl").read_text().splitlines()[:PROMPTS]
-    data = tmp_path / "math.jsonl"
-    data.write_text("\n".join(rows) + "\n")
-    assert {json.loads(r)["tag"] for r in rows} == {"add"}
-    cfg |= {
+def cut_down(cfg: dict, tmp_path, tiny_model, files: list[str], steps: int, tracking_uri: str | None) -> dict:
+    """An example config cut to what a test runs: the tiny model, `steps` steps, `files` as both the training
+    data and the validation set (validated at the start and the end only), no checkpoints, a temporary MLflow
+    store."""
+    cfg = cfg | {
         "pretrain": str(tiny_model),
-        "max_steps": STEPS,
+        "max_steps": steps,
         "eval_steps": 0,
         "save_steps": 0,
-        "domain_interleave_probs": {"math": 1.0},
-        "rewards": {"math": cfg["rewards"]["math"]},
         "output_dir": str(tmp_path / "run"),
+        "tracking": {
+            "tracking_uri": tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "experiment_name": "learning",
+        },
     }
-    cfg["data"] |= {"train_files": [str(data)], "val_files": [str(data)]}
+    cfg["data"] = cfg["data"] | {"train_files": files, "val_files": files}
+    return cfg
+
+
+def first_rows(domain: str, count: int, tmp_path) -> str:
+    """The first `count` rows of the example's `domain` training data, as a file of their own."""
+    rows = (EXAMPLES / "data" / f"{domain}_train.jsonl").read_text().splitlines()[:count]
+    path = tmp_path / f"{domain}.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+def run_config(cfg: dict, path) -> tuple[RLVRPipeline, dict]:
+    """Write `cfg` to `path` and run it to its end: the pipeline (for its history) and the run's summary."""
+    path.write_text(yaml.safe_dump(cfg))
+    pipeline = RLVRPipeline(load_config(path, []))
+    try:
+        pipeline.setup()
+        return pipeline, pipeline.run()
+    finally:
+        pipeline.shutdown()
+
+
+def small_math_config(example: str, tmp_path, tiny_model, tracking_uri: str | None = None) -> dict:
+    cfg = yaml.safe_load((EXAMPLES / example).read_text())
+    data = first_rows("math", PROMPTS, tmp_path)
+    assert {json.loads(r)["tag"] for r in Path(data).read_text().splitlines()} == {"add"}
+    cfg = cut_down(cfg, tmp_path, tiny_model, [data], STEPS, tracking_uri)
+    cfg |= {"domain_interleave_probs": {"math": 1.0}, "rewards": {"math": cfg["rewards"]["math"]}}
     cfg["validation"] = {**cfg.get("validation", {}), "max_prompts": PROMPTS}
-    uri = tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg["tracking"] = {"tracking_uri": uri, "experiment_name": "learning"}
     return cfg
 
 
@@ -52,35 +79,15 @@ EXAMPLE_STEPS = 30
 
 def small_example_config(tmp_path, tiny_model, tracking_uri: str | None = None) -> dict:
     cfg = yaml.safe_load((EXAMPLES / "math_code.yaml").read_text())
-    files = []
-    for domain, count in EXAMPLE_PROMPTS.items():
-        rows = (EXAMPLES / "data" / f"{domain}_train.jsonl").read_text().splitlines()[:count]
-        files.append(str(tmp_path / f"{domain}.jsonl"))
-        (tmp_path / f"{domain}.jsonl").write_text("\n".join(rows) + "\n")
-    cfg |= {
-        "pretrain": str(tiny_model),
-        "max_steps": EXAMPLE_STEPS,
-        "eval_steps": 0,
-        "save_steps": 0,
-        "domain_interleave_probs": {"math": 0.5, "code": 0.5},
-        "output_dir": str(tmp_path / "run"),
-    }
-    cfg["data"] |= {"train_files": files, "val_files": files}
-    uri = tracking_uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg["tracking"] = {"tracking_uri": uri, "experiment_name": "learning"}
-    return cfg
+    files = [first_rows(domain, count, tmp_path) for domain, count in EXAMPLE_PROMPTS.items()]
+    cfg = cut_down(cfg, tmp_path, tiny_model, files, EXAMPLE_STEPS, tracking_uri)
+    return cfg | {"domain_interleave_probs": {"math": 0.5, "code": 0.5}}
 
 
 def run_example(tmp_path, tiny_model, tracking_uri: str | None = None, **overrides) -> dict[str, tuple[int, int]]:
     """Run the cut-down first-run example to its end: per domain, (prompts right at the start, at the end)."""
-    path = tmp_path / "math_code.yaml"
-    path.write_text(yaml.safe_dump(small_example_config(tmp_path, tiny_model, tracking_uri) | overrides))
-    pipeline = RLVRPipeline(load_config(path, []))
-    try:
-        pipeline.setup()
-        summary = pipeline.run()
-    finally:
-        pipeline.shutdown()
+    cfg = small_example_config(tmp_path, tiny_model, tracking_uri) | overrides
+    pipeline, summary = run_config(cfg, tmp_path / "math_code.yaml")
     history = pipeline.loop.history
     return {domain: tuple(round(history[summary[end]["step"]][f"val_domain/{domain}/correct_mean"] * count)
                           for end in ("start", "end"))
@@ -104,15 +111,8 @@ CASES = {
 def run_case(example: str, extra: dict, tmp_path, tiny_model, tracking_uri: str | None = None,
              **overrides) -> tuple[RLVRPipeline, dict]:
     """Run one case to its end: the pipeline (for its history) and the run's summary."""
-    path = tmp_path / example
     cfg = small_math_config(example, tmp_path, tiny_model, tracking_uri) | extra | overrides
-    path.write_text(yaml.safe_dump(cfg))
-    pipeline = RLVRPipeline(load_config(path, []))
-    try:
-        pipeline.setup()
-        return pipeline, pipeline.run()
-    finally:
-        pipeline.shutdown()
+    return run_config(cfg, tmp_path / example)
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ STEPS = 6
 SAVE_STEPS = 2
 # Metrics that measure time or memory: they differ between any two runs.
 TIMING = ("time/", "system/", "memory/")
-TIMING_SUFFIXES = ("_s", "_mb", "_s_saved_est")  # the last: skipped prompts x a step's wall time
+TIMING_SUFFIXES = ("_s", "_mb")
 
 
 # How each variant differs from the synchronous, deterministic GRPO run.

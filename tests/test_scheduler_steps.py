@@ -331,6 +331,38 @@ def test_steps_asked_for_at_once_fill_one_after_the_other_in_the_order_asked():
     assert (ids(a), ids(b)) == (ids(step(one_by_one, 2)[0]), ids(step(one_by_one, 3)[0]))
 
 
+def test_reserved_fills_run_in_reservation_order_whatever_order_their_calls_come_in():
+    """Ray runs an async actor's calls in any order: two rollouts launched together may reach the scheduler
+    swapped. The driver reserves each fill's call number first (reserve_fill), and the fills run in that order:
+    the second reserved fill, asked for first, waits and then gives what a second fill asked for in order gives.
+    (What this guards failed in CI, stop 73: test_resume's k = 3 variant, two runs of one config apart from step
+    2 on.)"""
+    infer = Infer()
+    s = make(config(), rows_of(["same1", "half"] * 10), infer)
+
+    state = s.state_dict()
+    s.load_state_dict(state | {"calls": 300})  # a long run's calls: numbers past 256 are distinct int objects
+
+    async def swapped():
+        first, second = await s.reserve_fill(), await s.reserve_fill()
+        # each call number as Ray hands it over: a new object of equal value
+        late = asyncio.ensure_future(s.get_batch(3, N, ARGS, None, int(str(second))))
+        await settle()
+        sent_before_the_first = list(infer.requests)
+        early = asyncio.ensure_future(s.get_batch(2, N, ARGS, None, int(str(first))))
+        return (first, second), sent_before_the_first, await early, await late
+
+    calls, sent_before_the_first, (a, _), (b, _) = asyncio.run(swapped())
+    assert calls == (300, 301)
+    assert sent_before_the_first == []  # the second fill waited for the first
+    assert [r[0].split("/")[1] for r in infer.requests] == ["300"] * 2 + ["301"] * 3
+    one_by_one = make(config(), rows_of(["same1", "half"] * 10), Infer())
+    assert (ids(a), ids(b)) == (ids(step(one_by_one, 2)[0]), ids(step(one_by_one, 3)[0]))
+    assert s.state_dict()["calls"] == 302 and not s._fills
+    with pytest.raises(ValueError, match="fill 7 was not reserved"):
+        asyncio.run(s.get_batch(2, N, ARGS, None, 7))
+
+
 def test_the_batch_keeps_the_version_that_sampled_each_token():
     infer = Infer()
     infer.versions = 4
@@ -968,7 +1000,7 @@ def test_the_ledger_skips_uniform_rows_and_reports_them():
     s = make(cfg, rows_of(patterns), Infer())
     _, m1 = step(s, 4)  # the first epoch: every row drawn once, the same1 row now uniform
     assert m1["scheduler/math/skipped_by_ledger"] == 0 and m1["scheduler/math/ledger_uniform_rows"] == 1
-    assert m1["scheduler/math/ledger_s_saved_est"] == 0
+    assert m1["scheduler/math/ledger_saved_est_s"] == 0
     _, m2 = step(s, 4)  # past the second epoch: the same1 row comes up at least once, and is passed over
     skipped, kept = 0, 0
     for i in draw_order(cfg, 4, 20)[4:]:
@@ -979,14 +1011,14 @@ def test_the_ledger_skips_uniform_rows_and_reports_them():
         if kept == 4:
             break
     assert m2["scheduler/math/skipped_by_ledger"] == skipped >= 1 and m2["scheduler/math/prompts_drawn"] == 4
-    assert m2["scheduler/math/ledger_s_saved_est"] == pytest.approx(skipped * m2["scheduler/math/wall_s"] / 4)
+    assert m2["scheduler/math/ledger_saved_est_s"] == pytest.approx(skipped * m2["scheduler/math/wall_s"] / 4)
     assert s.ledger.streaks == {patterns.index("same1"): 1}
     # One row, uniform: passed over once, then drawn anyway (the whole epoch was); the saving is per drawn prompt.
     s = make(cfg, rows_of(["same1"]), Infer())
     step(s, 1)
     _, m = step(s, 1)
     assert m["scheduler/math/skipped_by_ledger"] == 1 and m["scheduler/math/prompts_drawn"] == 1
-    assert m["scheduler/math/ledger_s_saved_est"] == m["scheduler/math/wall_s"]
+    assert m["scheduler/math/ledger_saved_est_s"] == m["scheduler/math/wall_s"]
     # Every row uniform: they are drawn anyway rather than skipped forever.
     s = make(cfg, rows_of(["same1"] * 3), Infer())
     step(s, 3)

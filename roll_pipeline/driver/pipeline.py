@@ -200,7 +200,14 @@ class RLVRPipeline:
         args = self.cfg.actor_infer.generating_args
         probs, shares = self.domain_mix()
         pin = (self.weights_version, switch_at) if self.cfg.partial_rule else None
-        refs = {d: self.runtime.schedulers[d].get_batch.remote(share, n, args, pin) for d, share in shares.items()}
+        schedulers = {d: self.runtime.schedulers[d] for d in shares}
+        # Each fill's call number is reserved first: rollouts launched together reach a scheduler in any order.
+        calls = self.runtime.wait_for([s.reserve_fill.remote() for s in schedulers.values()],
+                                      [f"scheduler[{d}].reserve_fill" for d in schedulers])
+        refs = {
+            d: s.get_batch.remote(shares[d], n, args, pin, call)
+            for (d, s), call in zip(schedulers.items(), calls, strict=True)
+        }
         mix = {f"mix/{d}": p for d, p in probs.items()} | {f"mix/{d}/prompts": float(k) for d, k in shares.items()}
         return Rollout(version=self.weights_version, refs=refs, metrics=mix)
 
