@@ -328,8 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
         "build",
         help="build (or reuse) embedded models by name, as the examples name them",
         description="Build each named embedded model into MODELS_DIR/NAME (default: all of them); a model already "
-        "built from the same spec is reused. The same seed gives the same weights on every x86-64 machine: the "
-        "weights' sha256 is printed.",
+        "built from the same spec is reused. The same seed gives the same weights on every machine with the same "
+        "kind of processor (an Intel and an AMD processor build different ones): the weights' sha256 is printed, "
+        "and a warning where it is none of the builds seen before (roll_core/models/embedded.py).",
     )
     from roll_core.models.embedded import EMBEDDED_MODELS
 
