@@ -85,8 +85,10 @@ def test_same_spec_is_cached_and_new_seed_rebuilds(built, tmp_path):
 # find (an AVX2-only CPU, emulated on an AVX-512 one: torch's kernels as it picks them there, MKL's and glibc's).
 # Without the build's pinned kernels this machine's build and the emulated one differ (measured 2026-11-24 on an
 # AVX-512 AMD EPYC, full build: 0c25241d... against 52688a35..., the reference of then; this short one differs too).
-# Another vendor cannot be emulated, and does build another model: an Intel Xeon and an AMD EPYC (Zen 4) did,
-# with every pin above (see known_builds in roll_core/models/embedded.py).
+# Another vendor cannot be emulated, and does build another model: an Intel Xeon and an AMD EPYC did, with every
+# pin above (see known_builds in roll_core/models/embedded.py). qemu's user-mode emulator is no stand-in: under it
+# the first warm-up step's weights differ from this machine's whether it emulates an Intel or an AMD CPU (measured
+# 2026-12-04 on a Zen 3 EPYC, qemu 7.2, -cpu Haswell-noTSX and EPYC-Milan: both 2954fab9 against 19f86f96 natively).
 # On a CPU without AVX-512 the emulation changes nothing, so there the test shows less.
 OTHER_MACHINE = {
     "OMP_NUM_THREADS": "1",

@@ -16,11 +16,13 @@ MODELS_DIR = Path("examples/models")
 DATA_DIR = Path("examples/data")
 
 
-#: Where each known build was seen. Builds are bitwise repeatable on one kind of processor, whatever its core count,
-#: load or vector units, but not across all of them (roll_pipeline/models/tiny.py): an Intel Xeon and an AVX-512
-#: AMD EPYC (Zen 4) build different weights from the same seed and packages.
+#: Where each known build was seen. Builds are bitwise repeatable on one vendor's processors, whatever their core
+#: count, load or vector units: an AMD EPYC Zen 4 with AVX-512 (2026-11-25) and a Zen 3 without it (family 25
+#: model 1, from 2026-12-03) built the same weights (the judge's 96a3a71e, the ten-name tiny-qwen2's b26823ba). Not
+#: across vendors (roll_pipeline/models/tiny.py): an Intel Xeon and an AMD EPYC build different weights from the
+#: same seed and packages.
 INTEL_XEON = "Intel Xeon (2 cores, AVX-512), CI's processor until 2026-11-25"
-AMD_EPYC_ZEN4 = "AMD EPYC (2 cores, AVX-512 with avx512_bf16: Zen 4), CI's processor on 2026-11-25"
+AMD_EPYC = "AMD EPYC (2 cores; Zen 4 with AVX-512 and Zen 3 without it build alike), CI's processor from 2026-11-25"
 
 
 @dataclass(frozen=True)
@@ -75,28 +77,28 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
                       ("math_train.jsonl", "code_train.jsonl"),
                       # The code data's three function names (2026-12-03); the builds of the ten-name data
                       # were 0df32600 (Intel Xeon) and b26823ba (AMD EPYC).
-                      (("c0a8be9e6352924528cee3c08d6e65913e620f3a4346a91434bc5ad2640928d1", AMD_EPYC_ZEN4),),
+                      (("c0a8be9e6352924528cee3c08d6e65913e620f3a4346a91434bc5ad2640928d1", AMD_EPYC),),
                       min_heldout_accuracy=0.04, max_final_loss=0.8),
         EmbeddedModel("tiny-qwen2-multi", "the policy of the three-domain examples",
                       ("math_train.jsonl", "code_train.jsonl", "open_train.jsonl"),
                       # Of the three-name code data (2026-12-03); of the ten-name data: 4f898342 (Intel Xeon),
                       # 54c021b5 (AMD EPYC).
-                      (("bb914e804aacdd033f8d21104707b1d1f2b0576e1d491b73205403026a1e0fac", AMD_EPYC_ZEN4),),
+                      (("bb914e804aacdd033f8d21104707b1d1f2b0576e1d491b73205403026a1e0fac", AMD_EPYC),),
                       min_heldout_accuracy=0.01, max_final_loss=1.0),
         EmbeddedModel("tiny-qwen2-judge", "the judge of the open-answer domain", ("judge_train.jsonl",),
                       (("d12822322a8c6eea3fa9594d487280bbb1a1fa39148216d184a5b0432ece8ad3", INTEL_XEON),
-                       ("96a3a71ef9aba8eef7f2fe92ce6b3af03bddb754c563d50440830e34e88a8505", AMD_EPYC_ZEN4)),
+                       ("96a3a71ef9aba8eef7f2fe92ce6b3af03bddb754c563d50440830e34e88a8505", AMD_EPYC)),
                       min_heldout_accuracy=0.5, max_final_loss=0.25, judge=True,
                       min_verdict_accuracy=0.6),
         EmbeddedModel("tiny-qwen2-rm", "the reward model of examples/reward_model.yaml",
                       ("math_train.jsonl", "math_val.jsonl"),
                       # Built from tiny-qwen2: from its three-name build (2026-12-03); from b26823ba: 97191cc0.
-                      (("b05c5aae4b04deb0688281dd27d3aedaffb6a1446c43d3464515ca644986efa7", AMD_EPYC_ZEN4),),
+                      (("b05c5aae4b04deb0688281dd27d3aedaffb6a1446c43d3464515ca644986efa7", AMD_EPYC),),
                       RM_BOUNDS["accuracy"], RM_BOUNDS["loss"],
                       reward_model=True),
         EmbeddedModel("tiny-qwen2-tool", "the policy of examples/tool_math.yaml (calls the python tool)",
                       ("tool_math_warmup.jsonl",),
-                      (("f3276335197c04421c9c26f95612e92fdbdc99db1ed6905d6d427652db5e94b3", AMD_EPYC_ZEN4),),
+                      (("f3276335197c04421c9c26f95612e92fdbdc99db1ed6905d6d427652db5e94b3", AMD_EPYC),),
                       min_heldout_accuracy=0.0, max_final_loss=TOOL_MAX_FINAL_LOSS,
                       hyperparameters=(("warmup_steps", 450),)),
     )
