@@ -15,11 +15,10 @@ by CPU (ATen picks AVX-512 or AVX2 code, MKL its own paths per processor) and by
 split), and a 300-step warm-up amplifies a last-bit difference into another model, as far apart as two seeds are
 (seeds 0 and 1 of tiny-qwen2: 0.45 and 0.19 held-out accuracy). So the warm-up runs in a child process whose
 kernels are pinned (`PINNED_KERNELS`) with a fixed number of threads, and the weights' sha256 is recorded in
-`build_info.json` and printed (an AMD EPYC Zen 4 with AVX-512 and a Zen 3 without it build alike). The pins do not
-make every vendor alike: an Intel Xeon and an AMD EPYC build different weights from one seed although MKL runs its
-COMPATIBLE branch on both (MKL_VERBOSE shows CNR:COMPATIBLE on every SGEMM of the EPYC's warm-up, its only MKL
-calls); what else differs is not found. So the embedded models list every build seen (`known_builds`), and the
-tests check a build's quality, not its bits.
+`build_info.json` and printed. The pins do not make every vendor alike: an Intel Xeon and an AMD EPYC build
+different weights from one seed although MKL runs its COMPATIBLE branch on both (MKL_VERBOSE shows CNR:COMPATIBLE
+on every SGEMM of the EPYC's warm-up, its only MKL calls); what else differs is not found. So the embedded models
+list every build seen (`known_builds`), and the tests check a build's quality, not its bits.
 """
 
 from __future__ import annotations
