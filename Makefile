@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml $(PLUGIN_EXAMPLE)/pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e $(PLUGIN_EXAMPLE)
 	touch $(STAMP)
 
-# Embedded models by name (roll_core/models/embedded.py); each is rebuilt only when its spec changed.
+# Embedded models by name (roll_core/models/embedded.py); each is rebuilt only when its spec changed. tiny-qwen2's
+# default build is shipped (examples/shipped-models) and copied, not built (`roll model build tiny-qwen2 --from-scratch`).
 model: install
 	$(BIN)/roll model build tiny-qwen2
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from roll_core.models.embedded import EMBEDDED_MODELS, known_build
-from roll_pipeline.models.build import build_problems
-from roll_pipeline.models.tiny import BUILD_INFO, build_tiny_model, weights_sha256
+from roll_core.models.embedded import DATA_DIR, EMBEDDED_MODELS, SHIPPED_DIR, known_build
+from roll_pipeline.models import tiny
+from roll_pipeline.models.build import build_embedded_model, build_problems
+from roll_pipeline.models.tiny import BUILD_INFO, INSTALLED_FROM, build_tiny_model, weights_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "data"
@@ -134,11 +135,11 @@ def test_unknown_hyperparameter_is_an_error(tmp_path):
 
 @pytest.mark.parametrize("name", list(EMBEDDED_MODELS))
 def test_the_embedded_models_make_test_built_are_sound_builds(name):
-    """On a fresh machine `make test` builds every embedded model. Its weights are those its build measured (the
-    file is whole), and its own figures are those of a sound build: a new torch or transformers that broke the
-    warm-up, the tokenizer or the judge's verdicts fails here. The weights themselves depend on the processor
-    (an Intel Xeon and an AMD EPYC build different models from one seed), so a build not seen before is reported,
-    not failed: `known_builds` in roll_core/models/embedded.py lists those seen and where."""
+    """On a fresh machine `make test` builds every embedded model (copies tiny-qwen2's shipped build). Its weights
+    are those its build measured (the file is whole), and its own figures are those of a sound build: a new torch
+    or transformers that broke the warm-up, the tokenizer or the judge's verdicts fails here. The weights themselves
+    depend on the processor (an Intel Xeon and an AMD EPYC build different models from one seed), so a build not
+    seen before is reported, not failed: `known_builds` in roll_core/models/embedded.py lists those seen and where."""
     model_dir = ROOT / "examples" / "models" / name
     if not (model_dir / "config.json").exists():
         pytest.fail(f"{model_dir} is missing: run `roll model build {name}` (make test does it) before the tests")
@@ -150,3 +151,88 @@ def test_the_embedded_models_make_test_built_are_sound_builds(name):
         warnings.warn(f"{name} built {info['weights_sha256']}, none of its known builds: the documented (docs/) and the "
                       "learning tests' figures were measured on those; add it to known_builds once they are "
                       "measured on it", stacklevel=1)
+
+
+# The shipped build (examples/shipped-models, roll_core/models/embedded.py's `shipped`): below, the module's 3-step
+# build stands in for it, and a build that must not happen raises.
+@pytest.fixture
+def no_build(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("built, where the shipped build should have been copied")
+    monkeypatch.setattr(tiny, "_build_in_pinned_process", refuse)
+
+
+def test_a_shipped_build_of_the_spec_is_copied_not_built(built, tmp_path, no_build):
+    out = build_tiny_model(tmp_path / "model", TRAIN_FILES, seed=0, shipped=built, **FAST)
+    info = json.loads((out / BUILD_INFO).read_text())
+    assert weights_sha256(out) == weights_sha256(built) == info["weights_sha256"]
+    assert info[INSTALLED_FROM] == str(built)
+    assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "qwen2"
+    first = (out / BUILD_INFO).stat().st_mtime_ns
+    build_tiny_model(out, TRAIN_FILES, seed=0, shipped=built, **FAST)
+    assert (out / BUILD_INFO).stat().st_mtime_ns == first
+    assert not [path for path in out.parent.iterdir() if path.name.startswith(".")]
+
+
+def test_a_build_made_here_with_other_weights_is_replaced_by_the_shipped_one(built, tmp_path, no_build):
+    # What a machine of another vendor has where it built the model before it was shipped: the same spec, other weights.
+    own = shutil.copytree(built, tmp_path / "model")
+    info = json.loads((own / BUILD_INFO).read_text())
+    (own / BUILD_INFO).write_text(json.dumps({**info, "weights_sha256": "0" * 64}))
+    build_tiny_model(own, TRAIN_FILES, seed=0, shipped=built, **FAST)
+    assert json.loads((own / BUILD_INFO).read_text())["weights_sha256"] == weights_sha256(built)
+
+
+def test_a_shipped_build_of_another_spec_is_not_used(built, tmp_path):
+    out = build_tiny_model(tmp_path / "model", TRAIN_FILES, seed=1, shipped=built, **FAST)
+    info = json.loads((out / BUILD_INFO).read_text())
+    assert INSTALLED_FROM not in info and info["seed"] == 1
+    assert info["weights_sha256"] != weights_sha256(built)
+
+
+def test_from_scratch_builds_over_a_copy_and_this_machine_builds_what_it_shipped(built, tmp_path):
+    out = build_tiny_model(tmp_path / "model", TRAIN_FILES, seed=0, shipped=built, **FAST)
+    build_tiny_model(out, TRAIN_FILES, seed=0, shipped=built, from_scratch=True, **FAST)
+    info = json.loads((out / BUILD_INFO).read_text())
+    assert INSTALLED_FROM not in info
+    assert info["weights_sha256"] == weights_sha256(out) == weights_sha256(built)
+
+
+def test_shipped_weights_that_are_not_the_recorded_ones_are_refused(built, tmp_path, no_build):
+    damaged = shutil.copytree(built, tmp_path / "shipped")
+    (damaged / "model.safetensors").write_bytes(b"version https://git-lfs.github.com/spec/v1\n")
+    with pytest.raises(RuntimeError, match=r"model.safetensors has sha256 .*checkout is damaged"):
+        build_tiny_model(tmp_path / "models" / "model", TRAIN_FILES, seed=0, shipped=damaged, **FAST)
+    assert not (tmp_path / "models" / "model").exists()
+    assert not list((tmp_path / "models").iterdir())
+
+
+@pytest.mark.parametrize("name", [name for name, model in EMBEDDED_MODELS.items() if model.shipped])
+def test_the_shipped_build_is_of_the_current_spec_and_a_known_build(name):
+    """A change to the training data, the hyperparameters or BUILD_FORMAT leaves the shipped build behind: `roll model
+    build` would then build the model on each machine again, and the documented figures would be of no machine's."""
+    model = EMBEDDED_MODELS[name]
+    shipped = ROOT / SHIPPED_DIR / name
+    info = json.loads((shipped / BUILD_INFO).read_text())
+    spec = tiny._build_spec(tiny.TinyModelHyperparameters(**dict(model.hyperparameters)),
+                            [DATA / file for file in model.train_files], 0)
+    assert {key: info[key] for key in spec} == spec, (
+        f"{shipped} is not of the current spec: build {name} with `roll model build {name} --from-scratch` and ship "
+        "that folder, its sha256 first in known_builds")
+    assert weights_sha256(shipped) == info["weights_sha256"] == model.known_builds[0][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for name, model in EMBEDDED_MODELS.items() if model.shipped])
+def test_the_shipped_build_is_what_its_processor_builds(name, tmp_path):
+    """The shipped weights come from this code and data: built here from scratch (196 s with the test above,
+    2026-12-04 on the AMD EPYC), on a processor of the vendor that built them, they are the same bits. Another vendor
+    builds other weights (known_builds)."""
+    where = dict(EMBEDDED_MODELS[name].known_builds)[EMBEDDED_MODELS[name].known_builds[0][0]]
+    vendor = next((line.split(":")[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("vendor_id")), "")
+    if (vendor == "AuthenticAMD") != where.startswith("AMD"):
+        pytest.skip(f"the shipped {name} was built on an {where.split(' (')[0]}; this processor is "
+                    f"{vendor or 'unknown'}")
+    built_here = build_embedded_model(name, tmp_path, ROOT / DATA_DIR, from_scratch=True)
+    assert weights_sha256(built_here) == weights_sha256(ROOT / SHIPPED_DIR / name)

@@ -14,6 +14,8 @@ from pathlib import Path
 #: Where the examples expect the models, relative to the repository root (where `roll` commands are run).
 MODELS_DIR = Path("examples/models")
 DATA_DIR = Path("examples/data")
+#: Finished builds kept with the project (`EmbeddedModel.shipped`), one folder per model.
+SHIPPED_DIR = Path("examples/shipped-models")
 
 
 #: Where each known build was seen. Builds are bitwise repeatable on one vendor's processors, whatever their core
@@ -46,6 +48,11 @@ class EmbeddedModel:
     """For the judge: the least share of right verdicts on judge_val.jsonl (judge_eval.json)."""
     hyperparameters: tuple[tuple[str, object], ...] = ()
     """Warm-up settings other than TinyModelHyperparameters' defaults (roll_pipeline/models/tiny.py)."""
+    shipped: bool = False
+    """Its default build (seed 0) is kept with the project in SHIPPED_DIR/NAME, the weights of the first of
+    known_builds, and `roll model build` copies it in instead of building it: the builds of two vendors' processors
+    differ as much as two seeds', and the example's learning with them (docs/first-run.md), so every machine runs the
+    weights the documented figures were measured on. `roll model build NAME --from-scratch` builds it here."""
     reward_model: bool = False
     """Built as the tiny reward model (roll_pipeline/models/tiny_reward.py) from tiny-qwen2: train_files are its
     training and held-out rows; min_heldout_accuracy bounds its held-out pairwise accuracy (right answer scored
@@ -78,7 +85,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
                       # The code data's three function names (2026-12-03); the builds of the ten-name data
                       # were 0df32600 (Intel Xeon) and b26823ba (AMD EPYC).
                       (("c0a8be9e6352924528cee3c08d6e65913e620f3a4346a91434bc5ad2640928d1", AMD_EPYC),),
-                      min_heldout_accuracy=0.04, max_final_loss=0.8),
+                      min_heldout_accuracy=0.04, max_final_loss=0.8, shipped=True),
         EmbeddedModel("tiny-qwen2-multi", "the policy of the three-domain examples",
                       ("math_train.jsonl", "code_train.jsonl", "open_train.jsonl"),
                       # Of the three-name code data (2026-12-03); of the ten-name data: 4f898342 (Intel Xeon),

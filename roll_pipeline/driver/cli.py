@@ -174,7 +174,7 @@ def cmd_model_from_gguf(args: argparse.Namespace) -> int:
 def cmd_model_build(args: argparse.Namespace) -> int:
     from roll_core.models.embedded import EMBEDDED_MODELS, known_build
     from roll_pipeline.models.build import build_embedded_model, build_problems
-    from roll_pipeline.models.tiny import weights_sha256
+    from roll_pipeline.models.tiny import BUILD_INFO, INSTALLED_FROM, weights_sha256
 
     unknown = [name for name in args.names if name not in EMBEDDED_MODELS]
     if unknown:
@@ -182,12 +182,14 @@ def cmd_model_build(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for name in args.names or list(EMBEDDED_MODELS):
         try:
-            path = build_embedded_model(name, Path(args.models_dir), seed=args.seed)
+            path = build_embedded_model(name, Path(args.models_dir), seed=args.seed, from_scratch=args.from_scratch)
         except FileNotFoundError as exc:
             error(str(exc))
             return EXIT_USAGE
         digest = weights_sha256(path)
-        echo(f"{name} ready at {path} (weights sha256 {digest})")
+        source = json.loads((path / BUILD_INFO).read_text()).get(INSTALLED_FROM)
+        echo(f"{name} ready at {path} (weights sha256 {digest}"
+             + (f"; the shipped build, copied from {source}; --from-scratch builds it here)" if source else ")"))
         problems = build_problems(name, path)
         if problems:
             warn(f"{name} is not a sound build ({'; '.join(problems)}): the warm-up went wrong")
@@ -330,7 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build each named embedded model into MODELS_DIR/NAME (default: all of them); a model already "
         "built from the same spec is reused. The same seed gives the same weights on every machine with the same "
         "kind of processor (an Intel and an AMD processor build different ones): the weights' sha256 is printed, "
-        "and a warning where it is none of the builds seen before (roll_core/models/embedded.py).",
+        "and a warning where it is none of the builds seen before (roll_core/models/embedded.py). tiny-qwen2's "
+        "default build is shipped in examples/shipped-models and copied, not built, so every machine runs the "
+        "weights the documented figures were measured on.",
     )
     from roll_core.models.embedded import EMBEDDED_MODELS
 
@@ -338,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="; ".join(f"{m.name}: {m.purpose}" for m in EMBEDDED_MODELS.values()))
     build.add_argument("--models-dir", default="examples/models")
     build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--from-scratch", action="store_true",
+                       help="build a shipped model (examples/shipped-models) here instead of copying its shipped build")
     build.set_defaults(func=cmd_model_build)
 
     from roll_core.models.pretrained import PRETRAINED_MODELS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from roll_core.models.embedded import DATA_DIR, EMBEDDED_MODELS, MODELS_DIR
+from roll_core.models.embedded import DATA_DIR, EMBEDDED_MODELS, MODELS_DIR, SHIPPED_DIR
 
 
 def build_problems(name: str, model_dir: Path) -> list[str]:
@@ -37,8 +37,9 @@ def build_problems(name: str, model_dir: Path) -> list[str]:
 
 
 def build_embedded_model(name: str, models_dir: Path = MODELS_DIR, data_dir: Path = DATA_DIR,
-                         seed: int = 0) -> Path:
-    """Build (or reuse, when up to date) the embedded model `name` in `models_dir/name`."""
+                         seed: int = 0, from_scratch: bool = False, shipped_dir: Path = SHIPPED_DIR) -> Path:
+    """Build (or reuse, when up to date) the embedded model `name` in `models_dir/name`; a shipped model's shipped
+    build (`EmbeddedModel.shipped`) is copied in where its spec is the one asked for, unless `from_scratch`."""
     model = EMBEDDED_MODELS[name]
     files = [data_dir / file for file in model.train_files]
     missing = [str(file) for file in files if not file.exists()]
@@ -48,7 +49,7 @@ def build_embedded_model(name: str, models_dir: Path = MODELS_DIR, data_dir: Pat
     if model.reward_model:
         from roll_pipeline.models.tiny_reward import build_tiny_reward_model
 
-        base = build_embedded_model("tiny-qwen2", models_dir, data_dir)  # its backbone; reused when built
+        base = build_embedded_model("tiny-qwen2", models_dir, data_dir, shipped_dir=shipped_dir)  # its backbone
         return build_tiny_reward_model(models_dir / name, base, *files, seed=seed)
     if model.judge:
         from roll_pipeline.models.tiny_judge import build_tiny_judge
@@ -56,4 +57,5 @@ def build_embedded_model(name: str, models_dir: Path = MODELS_DIR, data_dir: Pat
         return build_tiny_judge(models_dir / name, files, seed=seed)
     from roll_pipeline.models.tiny import build_tiny_model
 
-    return build_tiny_model(models_dir / name, files, seed=seed, **dict(model.hyperparameters))
+    return build_tiny_model(models_dir / name, files, seed=seed, shipped=shipped_dir / name if model.shipped else None,
+                            from_scratch=from_scratch, **dict(model.hyperparameters))

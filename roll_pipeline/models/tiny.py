@@ -18,7 +18,9 @@ kernels are pinned (`PINNED_KERNELS`) with a fixed number of threads, and the we
 `build_info.json` and printed. The pins do not make every vendor alike: an Intel Xeon and an AMD EPYC build
 different weights from one seed although MKL runs its COMPATIBLE branch on both (MKL_VERBOSE shows CNR:COMPATIBLE
 on every SGEMM of the EPYC's warm-up, its only MKL calls); what else differs is not found. So the embedded models
-list every build seen (`known_builds`), and the tests check a build's quality, not its bits.
+list every build seen (`known_builds`), and the tests check a build's quality, not its bits. Where the example's
+figures depend on the exact weights (tiny-qwen2), a finished build is shipped with the project and copied in
+(`shipped`, `install_shipped`) rather than built on each machine.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "OMP_
                   "MKL_NUM_THREADS": str(BUILD_THREADS), "MKL_DYNAMIC": "FALSE"}
 WEIGHTS_FILE = "model.safetensors"
 RESULTS_FILE = ".build_results.json"
+#: The key of build_info.json that names the shipped build a model folder was copied from (absent where built).
+INSTALLED_FROM = "installed_from"
 # Warm-up steps between progress log lines; not part of the spec because it does not change the model.
 LOG_EVERY = 50
 
@@ -97,11 +101,15 @@ class TinyModelHyperparameters:
     eval_rows_per_file: int = 50
 
 
-def build_tiny_model(out_dir: Path, train_files: list[Path], seed: int = 0, **hyperparameters) -> Path:
+def build_tiny_model(out_dir: Path, train_files: list[Path], seed: int = 0, shipped: Path | None = None,
+                     from_scratch: bool = False, **hyperparameters) -> Path:
     """Build (or reuse) the tiny model in `out_dir` and return `out_dir`.
 
     `hyperparameters` override fields of `TinyModelHyperparameters`; an unknown name is an error. The build is
-    skipped when `out_dir/build_info.json` records the same spec.
+    skipped when `out_dir/build_info.json` records the same spec. `shipped` is a finished build kept with the
+    project: where its build_info.json records this spec, it is copied in (its weights checked against their
+    recorded sha256) instead of built, unless `from_scratch`; a copy already in `out_dir` is up to date only when
+    it has the shipped weights, and `from_scratch` replaces it with a build made here.
     """
     out_dir = Path(out_dir)
     known = {field.name for field in fields(TinyModelHyperparameters)}
@@ -111,31 +119,70 @@ def build_tiny_model(out_dir: Path, train_files: list[Path], seed: int = 0, **hy
     hparams = TinyModelHyperparameters(**hyperparameters)
     train_files = [Path(path) for path in train_files]
     spec = _build_spec(hparams, train_files, seed)
-    if _cached_spec(out_dir) == spec:
-        logger.info("tiny model in %s is up to date, not rebuilding", out_dir)
-        return out_dir
+    reference = _read_info(shipped) if shipped is not None and not from_scratch else None
+    if reference is not None and _spec_of(reference) != spec:
+        reference = None
+    cached = _read_info(out_dir)
+    if cached is not None and _spec_of(cached) == spec:
+        if reference is not None:
+            up_to_date = cached.get("weights_sha256") == reference["weights_sha256"]
+        else:
+            up_to_date = not (from_scratch and INSTALLED_FROM in cached)
+        if up_to_date:
+            logger.info("tiny model in %s is up to date, not rebuilding", out_dir)
+            return out_dir
+    if reference is not None:
+        return install_shipped(Path(shipped), out_dir, reference)
 
     return write_build(out_dir, spec, lambda staging: _build_in_pinned_process(staging, hparams, train_files, seed),
                        "tiny model")
+
+
+def install_shipped(shipped: Path, out_dir: Path, info: dict) -> Path:
+    """Copy the shipped build `shipped` (its build_info.json read as `info`) to `out_dir`, atomically, after checking
+    that its weights are the ones it records; build_info.json then says where they came from (`INSTALLED_FROM`)."""
+    def copy(staging: Path) -> None:
+        shutil.copytree(shipped, staging, dirs_exist_ok=True)
+        digest = weights_sha256(staging)
+        if digest != info["weights_sha256"]:
+            raise RuntimeError(f"{shipped / WEIGHTS_FILE} has sha256 {digest}, not the {info['weights_sha256']} its "
+                               f"{BUILD_INFO} records: the checkout is damaged (restore it with `git checkout -- "
+                               f"{shipped}`), or build the model here with `--from-scratch`")
+        (staging / BUILD_INFO).write_text(json.dumps({**info, INSTALLED_FROM: str(shipped)}, indent=2) + "\n")
+
+    _fill_in_place(out_dir, copy, "installing")
+    logger.info("installed the shipped build %s in %s (weights sha256 %s)", shipped, out_dir, info["weights_sha256"])
+    return out_dir
 
 
 def write_build(out_dir: Path, spec: dict, build: Callable[[Path], dict], what: str) -> Path:
     """Build into a staging folder beside `out_dir` (`build(staging)` writes the model there and returns its
     figures), record spec, figures and build_seconds in build_info.json, then move it into place; a failed build
     leaves `out_dir` as it was."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
-    try:
+    results: dict = {}
+
+    def build_and_record(staging: Path) -> None:
         started = time.perf_counter()
-        results = build(staging)
+        results.update(build(staging))
         info = {**spec, **results, "build_seconds": round(time.perf_counter() - started, 1)}
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+
+    _fill_in_place(out_dir, build_and_record, "building")
+    logger.info("built %s in %s (%s)", what, out_dir, results)
+    return out_dir
+
+
+def _fill_in_place(out_dir: Path, fill: Callable[[Path], None], doing: str) -> None:
+    """`fill(staging)` writes a model folder into a staging folder beside `out_dir`, which then takes its place;
+    when anything fails, `out_dir` is left as it was and the staging folder removed."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.{doing}-", dir=out_dir.parent))
+    try:
+        fill(staging)
         _replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    logger.info("built %s in %s (%s)", what, out_dir, results)
-    return out_dir
 
 
 def weights_sha256(model_dir: Path) -> str:
@@ -193,11 +240,14 @@ def _build_spec(hparams: TinyModelHyperparameters, train_files: Sequence[Path], 
     }
 
 
-def _cached_spec(out_dir: Path) -> dict | None:
+def _read_info(model_dir: Path) -> dict | None:
     try:
-        info = json.loads((out_dir / BUILD_INFO).read_text())
+        return json.loads((Path(model_dir) / BUILD_INFO).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def _spec_of(info: dict) -> dict:
     return {key: info.get(key) for key in ("build_format", "seed", "hyperparameters", "train_files")}
 
 
