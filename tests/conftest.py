@@ -1,5 +1,6 @@
-"""Shared fixtures: paths of the repository, its examples and the embedded model; a local Ray cluster per test
-module; waiting for an event. And which test files share a pytest-xdist worker (`make test` runs two)."""
+"""Shared fixtures: paths of the repository, its examples and the embedded model; one local Ray cluster per
+pytest-xdist worker, shared by its tests (`shared_ray`, `local_ray`; `own_ray` for a test that needs its own);
+waiting for an event. And which test files share a pytest-xdist worker (`make test` runs two)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests import profiling
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -51,6 +54,29 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedWorkerScheduling(config, log)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    profiling.add_option(parser)
+    parser.addoption("--check-builds", action="store_true",
+                     help="run only the tests marked check_builds (`make check-builds`: builds from scratch that "
+                          "must give the shipped weights), which every other run leaves out")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    profiling.configure(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make check-builds` runs the check_builds tests and nothing else; every other run leaves them out (each
+    builds an embedded model from scratch, minutes apiece, to prove a shipped build is what this code builds)."""
+    wanted = config.getoption("--check-builds")
+    kept, left_out = [], []
+    for item in items:
+        (kept if (item.get_closest_marker("check_builds") is not None) == wanted else left_out).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """The embedded model that `make model` builds (the test targets build it first)."""
@@ -79,17 +105,97 @@ def mlflow_db(tmp_path_factory) -> Callable[[Path], str]:
     return new
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """A local Ray cluster with 4 logical CPUs for the module's tests (a module that needs another size defines
-    its own)."""
+#: Logical CPUs of the local Ray cluster that the tests of one pytest-xdist worker share (`shared_ray`): room for
+#: any example's actors (the largest, examples/multi_domain.yaml, needs 5.15) and a test's own few. Starting a
+#: cluster took 5.5-7 s and stopping it 1.5 s on 2 cores (2026-12-06), besides the CPU its prestarted workers take.
+SHARED_RAY_CPUS = 8
+_shared = {"up": False}
+
+
+def shared_ray() -> None:
+    """Connect this process to its pytest-xdist worker's shared local Ray cluster, started on first use and kept
+    until the session ends or a test that needs a cluster of its own stops it (`own_ray`). Whatever starts a
+    pipeline in the test process calls it first (the pipeline then runs on the connected cluster: init_ray)."""
     import ray
 
     from roll_pipeline.driver.runtime import start_local_ray
 
-    start_local_ray(4, log_to_driver=False)
+    if ray.is_initialized():
+        if not _shared["up"]:
+            raise RuntimeError("a Ray cluster other than the shared one is connected: a test that started its own "
+                               "(own_ray) left it running")
+        return
+    start_local_ray(SHARED_RAY_CPUS, log_to_driver=False)
+    _shared["up"] = True
+
+
+def stop_shared_ray() -> None:
+    import ray
+
+    if _shared["up"]:
+        ray.shutdown()
+        _shared["up"] = False
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """The shared local Ray cluster (`shared_ray`), for the module's tests. Whatever they start on it they stop:
+    `shared_ray_left_clean` checks after the module."""
+    shared_ray()
+
+
+@pytest.fixture
+def own_ray():
+    """For a test that needs a Ray cluster of its own (another size, fake GPUs, `ray start` nodes, a cluster it
+    kills): the shared one is stopped first (the next test that asks for it starts it again), and the test's own
+    is disconnected after it."""
+    import ray
+
+    stop_shared_ray()
     yield
-    ray.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def shared_ray_leftovers(wait_s: float = 30.0) -> list[str]:
+    """What is left on the shared cluster: resources held (waited for `wait_s`: an actor killed a moment ago frees
+    its CPUs shortly after), named actors, placement groups not removed. [] when clean or not started."""
+    import ray
+
+    if not _shared["up"] or not ray.is_initialized():
+        return []
+    deadline = time.monotonic() + wait_s
+    while True:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        held = {k: round(v - free.get(k, 0.0), 3) for k, v in total.items()
+                if not k.startswith(("node:", "memory", "object_store_memory")) and v - free.get(k, 0.0) > 1e-6}
+        if not held or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    left = [f"resources held: {held}"] if held else []
+    named = ray.util.list_named_actors(all_namespaces=True)
+    if named:
+        left.append(f"named actors: {named}")
+    groups = [g for g in ray.util.placement_group_table().values() if g.get("state") != "REMOVED"]
+    if groups:
+        left.append(f"placement groups: {[g.get('name') or g.get('placement_group_id') for g in groups]}")
+    return left
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_ray_left_clean():
+    """After each module's tests (and its own module fixtures' teardown): the shared Ray cluster holds nothing of
+    theirs, so the next module's pipelines start on an empty cluster. A module that left something fails here, and
+    the cluster is stopped so that the next one starts clean."""
+    yield
+    left = shared_ray_leftovers()
+    if left:
+        stop_shared_ray()
+        pytest.fail("the shared Ray cluster was left with " + "; ".join(left))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stop_shared_ray()
 
 
 def wait_for(condition: Callable[[], bool], what: str, limit_s: float = 60.0) -> None:

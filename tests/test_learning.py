@@ -16,7 +16,7 @@ import yaml
 
 from roll_core.config import load_config
 from roll_pipeline.driver.pipeline import RLVRPipeline
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, shared_ray
 
 PROMPTS = 32
 STEPS = 20
@@ -52,6 +52,7 @@ def first_rows(domain: str, count: int, tmp_path) -> str:
 def run_config(cfg: dict, path) -> tuple[RLVRPipeline, dict]:
     """Write `cfg` to `path` and run it to its end: the pipeline (for its history) and the run's summary."""
     path.write_text(yaml.safe_dump(cfg))
+    shared_ray()
     pipeline = RLVRPipeline(load_config(path, []))
     try:
         pipeline.setup()

@@ -12,7 +12,6 @@ import pytest
 import ray
 
 from roll_pipeline.data.synthetic import TINY_JUDGE_TEMPLATE
-from roll_pipeline.driver.runtime import start_local_ray
 from tests.conftest import EXAMPLES
 from tests.judge_servers import assert_judges_own_verdicts
 from workers.rewards.judge.errors import JudgeUnreachable
@@ -95,6 +94,8 @@ def test_bad_ray_actor_options_are_refused(judge_model, options, message):
 
 
 def test_a_relative_model_path_is_taken_from_the_working_directory(judge_model, monkeypatch):
+    # built as outside Ray (this process may be connected to the shared cluster): no judge actor is started
+    monkeypatch.setattr("workers.rewards.judge.local.connected_to_ray", lambda: False)
     monkeypatch.chdir(judge_model.parent)
     scorer = LLMJudgeScorer(backend="ray_actor", model_path=judge_model.name)
     assert scorer.local.model_path == str(judge_model.resolve())
@@ -132,13 +133,6 @@ def test_without_a_relay_the_judge_is_unreachable_at_once(judge_model):
 
 
 # --- on a local Ray cluster ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    start_local_ray(2, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -273,6 +273,7 @@ def test_a_grpo_run_with_lora_starts_no_reference_and_syncs_the_adapters(tmp_pat
     import yaml
 
     from roll_pipeline.driver.pipeline import RLVRPipeline
+    from tests.conftest import shared_ray
     from tests.test_learning import small_math_config
 
     cfg = small_math_config("grpo.yaml", tmp_path, tiny_model, mlflow_db(tmp_path / "mlflow.db"))
@@ -280,6 +281,7 @@ def test_a_grpo_run_with_lora_starts_no_reference_and_syncs_the_adapters(tmp_pat
     cfg["actor_train"]["lora"] = {"rank": 4, "alpha": 8.0}
     path = tmp_path / "grpo_lora.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    shared_ray()
     pipeline = RLVRPipeline(load_config(path, []))
     try:
         pipeline.setup()

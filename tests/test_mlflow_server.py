@@ -27,7 +27,7 @@ from roll_pipeline.driver.cli import main
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.driver.report import CHART_FILE, prompts_file, table_file
 from roll_pipeline.driver.significance import outcomes_from_table
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import EXAMPLES, ROOT, shared_ray
 from tests.metric_oracles import majority, pass_at, prompt_shares, wilson_by_inversion
 from tests.test_pipeline_integration import SMALL
 from workers.rewards.math_rule import MathRuleScorer
@@ -278,6 +278,7 @@ def test_server_outage_mid_run_loses_and_repeats_nothing(tmp_path, tiny_model, m
         "tracking.experiment_name=outage",
         "tracking.retry_interval_s=0.5",
     ]
+    shared_ray()
     pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
     seen = {}
 

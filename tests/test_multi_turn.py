@@ -470,12 +470,10 @@ def test_a_real_pipeline_step_with_multi_turn_trajectories(tmp_path, tiny_model,
     """Through Ray, with actor_infer's real engine: each math trajectory takes three turns with two tool answers
     between them; actor_train's log-probs of the sampled tokens equal the engine's (same weights), the tools'
     tokens are in the sequence and out of the loss, and the step trains and syncs."""
-    import ray
 
     from roll_core.config import load_config
     from roll_pipeline.driver.pipeline import RLVRPipeline
-    from roll_pipeline.driver.runtime import start_local_ray
-    from tests.conftest import EXAMPLES
+    from tests.conftest import EXAMPLES, shared_ray
     from tests.test_pipeline_integration import SMALL
 
     if engine == "vllm":
@@ -493,7 +491,7 @@ def test_a_real_pipeline_step_with_multi_turn_trajectories(tmp_path, tiny_model,
         "rewards.math.rollout={type: multi_turn, environment: 'tests.test_multi_turn:Echo', max_turns: 3}",
         *GAE_WHATEVER_THE_SCORES,
     ]
-    start_local_ray(8, log_to_driver=False)
+    shared_ray()
     pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
     try:
         pipeline.setup()
@@ -520,4 +518,3 @@ def test_a_real_pipeline_step_with_multi_turn_trajectories(tmp_path, tiny_model,
         pipeline.sync_weights()
     finally:
         pipeline.shutdown()
-        ray.shutdown()

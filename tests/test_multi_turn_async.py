@@ -20,12 +20,9 @@ class AuditedEcho(Echo):
 def test_asynchronous_multi_turn_trajectories_are_generated_one_update_behind_and_train(
     tmp_path, tiny_model, mlflow_db
 ):
-    import ray
-
     from roll_core.config import load_config
     from roll_pipeline.driver.pipeline import RLVRPipeline
-    from roll_pipeline.driver.runtime import start_local_ray
-    from tests.conftest import EXAMPLES
+    from tests.conftest import EXAMPLES, shared_ray
     from tests.test_pipeline_integration import SMALL
 
     steps = 3
@@ -40,9 +37,19 @@ def test_asynchronous_multi_turn_trajectories_are_generated_one_update_behind_an
         "infer_is_cap=2.0",
         "rewards.math.rollout={type: multi_turn, environment: 'tests.test_multi_turn_async:AuditedEcho', max_turns: 3}",
         "reward_audit={every_steps: 2}",  # the environment's panel too, on the math scheduler, at steps 0 and 2
+        # Seeded sampling. A trajectory ends early, by design, when a turn runs to its token budget (24 tokens with
+        # no stop: MultiTurnRollout.answer); unseeded, whether one of step 3's twelve turns does after two updates
+        # at lr 1e-3 is chance, and which random draws a request gets follows how the request batcher grouped the
+        # requests, i.e. timing: a loaded make test saw 2.917 turns a trajectory at step 3 (one trajectory of
+        # twelve with two turns; 2026-12-05). An update does not cut a trajectory short: nothing aborts a request
+        # but a filled share (schedulers/step.py, and those results are dropped), and a sync only changes the
+        # weights that sample the tokens after it (workers/inference/weight_swap.py). Seeded, each
+        # turn's draws follow the request and turn numbers alone (turn_seed), so this run samples the same
+        # tokens under any load.
+        "deterministic=true",
         *GAE_WHATEVER_THE_SCORES,
     ]
-    start_local_ray(8, log_to_driver=False)
+    shared_ray()
     pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
     try:
         pipeline.setup()
@@ -50,7 +57,6 @@ def test_asynchronous_multi_turn_trajectories_are_generated_one_update_behind_an
         history = pipeline.loop.history
     finally:
         pipeline.shutdown()
-        ray.shutdown()
     assert summary["steps"] == steps
     at = {key: [history[s][key] for s in range(1, steps + 1)] for key in (
         "offpolicy/staleness", "offpolicy/kl_infer_old", "offpolicy/is_weight_mean", "tool_use/math/turns",

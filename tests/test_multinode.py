@@ -15,6 +15,10 @@ from roll_pipeline.driver.runtime import LOCAL_RAY_SYSTEM_CONFIG, start_local_ra
 from tests.conftest import EXAMPLES
 from tests.test_pipeline_integration import SMALL
 
+#: Every test here runs on a Ray cluster of its own (nodes, fake GPUs, other sizes): the worker's shared one is
+#: stopped first (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("own_ray")
+
 
 @pytest.fixture
 def two_nodes():

@@ -13,7 +13,6 @@ import torch
 from roll_core.config import load_config
 from roll_core.config.shares import domain_shares
 from roll_pipeline.driver.pipeline import RLVRPipeline
-from roll_pipeline.driver.runtime import start_local_ray
 from tests.conftest import EXAMPLES
 
 SMALL = [
@@ -27,13 +26,6 @@ SMALL = [
     "validation.max_prompts=8",
     "validation.generating_args.max_new_tokens=24",
 ]
-
-
-@pytest.fixture
-def local_ray():
-    start_local_ray(8, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.slow

@@ -23,6 +23,10 @@ from roll_pipeline.distributed.placement import (
 from roll_pipeline.driver.runtime import LOCAL_RAY_SYSTEM_CONFIG, start_local_ray
 from tests.conftest import EXAMPLES
 
+#: Every test here runs on a Ray cluster of its own (nodes, fake GPUs, other sizes): the worker's shared one is
+#: stopped first (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("own_ray")
+
 
 def demand(name: str, devices, gpus_per_worker: int = 1, cpus: float = 1.0) -> ClusterDemand:
     devices = tuple(devices)

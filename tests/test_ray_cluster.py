@@ -23,6 +23,10 @@ from roll_core.console import EXIT_FAILED, EXIT_USAGE
 from roll_pipeline.driver.runtime import LOCAL_RAY_SYSTEM_CONFIG
 from tests.conftest import EXAMPLES, TINY_MODEL
 
+#: Every test here runs on a Ray cluster of its own (nodes, fake GPUs, other sizes): the worker's shared one is
+#: stopped first (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("own_ray")
+
 BIN = Path(sys.executable).parent
 ROOT = EXAMPLES.parent
 SMALL_RUN = [

@@ -25,8 +25,7 @@ from roll_core.config import TrackingConfig, load_config
 from roll_core.tracking.mlflow_tracker import MlflowTracker
 from roll_pipeline.driver.checkpoint import STATE_FILE, checkpoint_root, latest_checkpoint
 from roll_pipeline.driver.pipeline import RLVRPipeline
-from roll_pipeline.driver.runtime import start_local_ray
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import EXAMPLES, ROOT, shared_ray
 from tests.test_tracking import read_table
 from workers.base import rng_states
 
@@ -289,7 +288,7 @@ def test_resume_restores_every_rng_state(tmp_path, tiny_model, mlflow_db):
         "deterministic=false", "max_steps=1", "save_steps=1", "eval_steps=0", "validation.eval_at_start=false",
         f"output_dir={tmp_path / 'run'}", f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ]
-    start_local_ray(5, log_to_driver=False)  # 4 workers and the schedulers
+    shared_ray()
     pipeline = RLVRPipeline(load_config(config(tmp_path, tiny_model), overrides))
     try:
         pipeline.setup()
@@ -314,4 +313,3 @@ def test_resume_restores_every_rng_state(tmp_path, tiny_model, mlflow_db):
         assert {k: same_rng_states(saved[k], restored[k]) for k in saved} == dict.fromkeys(saved, True)
     finally:
         pipeline.shutdown()
-        ray.shutdown()

@@ -96,7 +96,6 @@ def test_a_run_scores_with_both_rewards_and_logs_each_under_its_name(tmp_path, t
     """examples/reward_model.yaml for one step on real Ray actors: one cluster per reward, each reward's metrics
     under its name, and the domain's reward their weighted sum (means are linear: nothing is masked); the step
     (tracking.logging_steps 1) logs its training samples as an MLflow table."""
-    import ray
     from mlflow.tracking import MlflowClient
 
     from roll_pipeline.driver.report import train_table_file
@@ -105,7 +104,7 @@ def test_a_run_scores_with_both_rewards_and_logs_each_under_its_name(tmp_path, t
     uri = mlflow_db(tmp_path / "mlflow.db")
 
     from roll_pipeline.driver.pipeline import RLVRPipeline
-    from roll_pipeline.driver.runtime import start_local_ray
+    from tests.conftest import shared_ray
 
     overrides = [
         "max_steps=1", "eval_steps=0", "save_steps=0", "rollout_batch_size=4", "num_return_sequences_in_group=4",
@@ -114,7 +113,7 @@ def test_a_run_scores_with_both_rewards_and_logs_each_under_its_name(tmp_path, t
         f"output_dir={tmp_path / 'run'}", f"tracking.tracking_uri={uri}", "tracking.logging_steps=1",
         "tracking.train_sample_rows_per_domain=5",
     ]
-    start_local_ray(8, log_to_driver=False)
+    shared_ray()
     pipeline = RLVRPipeline(load_config(EXAMPLES / "reward_model.yaml", overrides))
     try:
         pipeline.setup()
@@ -122,7 +121,6 @@ def test_a_run_scores_with_both_rewards_and_logs_each_under_its_name(tmp_path, t
         pipeline.run()
     finally:
         pipeline.shutdown()
-        ray.shutdown()
     m = pipeline.loop.history[1]
     assert m["reward/math/masked"] == m["reward/math/math_rule/masked"] == m["reward/math/reward_model/masked"] == 0
     assert m["reward/math/count"] == m["reward/math/reward_model/count"] >= 16

@@ -14,7 +14,6 @@ import pytest
 
 from roll_core.rewards.scored import ScoredSample
 from roll_core.rewards.scorer import RewardResult, RewardScorer
-from roll_pipeline.driver.runtime import start_local_ray
 from tests.conftest import ROOT, wait_for
 from workers.rewards import registry
 from workers.rewards.code_sandbox import CodeSandboxScorer
@@ -520,9 +519,12 @@ def test_worker_as_a_ray_actor():
     """In a Ray actor (threads, and a __main__ that is Ray's worker script) the pool starts, scores, and cuts
     a hung verification at the timeout."""
     import ray
-    start_local_ray(2, log_to_driver=False)
+
+    from tests.conftest import shared_ray
+
+    shared_ray()
+    actor = ray.remote(RewardWorker).remote("math", "math_rule", {}, 2.0, 2)
     try:
-        actor = ray.remote(RewardWorker).remote("math", "math_rule", {}, 2.0, 2)
         results = ray.get(
             actor.score_batch.remote(
                 [
@@ -540,7 +542,8 @@ def test_worker_as_a_ray_actor():
         assert metrics["reward/math/correct"] == pytest.approx(2 / 3)
         assert ray.get(actor.stats.remote(), timeout=60)["timeouts"] == 1
     finally:
-        ray.shutdown()
+        ray.get(actor.close.remote(), timeout=60)  # its scoring processes first, then the actor
+        ray.kill(actor)
 
 
 def test_masking_is_encoded_once():

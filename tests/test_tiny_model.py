@@ -14,8 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from roll_core.models.embedded import DATA_DIR, EMBEDDED_MODELS, SHIPPED_DIR, known_build
 from roll_pipeline.models import tiny
-from roll_pipeline.models.build import build_embedded_model, build_problems
+from roll_pipeline.models.build import build_embedded_model, build_problems, current_spec
 from roll_pipeline.models.tiny import BUILD_INFO, INSTALLED_FROM, build_tiny_model, weights_sha256
+from roll_pipeline.models.tiny_judge import JUDGE_EVAL
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "examples" / "data"
@@ -207,27 +208,60 @@ def test_shipped_weights_that_are_not_the_recorded_ones_are_refused(built, tmp_p
     assert not list((tmp_path / "models").iterdir())
 
 
+def test_every_embedded_model_is_shipped():
+    """`make test` copies every embedded model it uses instead of building it (minutes apiece, and other weights on
+    another vendor's processor): a model added without a shipped build would be built in every fresh clone."""
+    assert [name for name, model in EMBEDDED_MODELS.items() if not model.shipped] == []
+
+
 @pytest.mark.parametrize("name", [name for name, model in EMBEDDED_MODELS.items() if model.shipped])
 def test_the_shipped_build_is_of_the_current_spec_and_a_known_build(name):
-    """A change to the training data, the hyperparameters or BUILD_FORMAT leaves the shipped build behind: `roll model
-    build` would then build the model on each machine again, and the documented figures would be of no machine's."""
+    """A change to the training data, the hyperparameters, BUILD_FORMAT (or the reward model's backbone) leaves the
+    shipped build behind: `roll model build` would then build the model on each machine again, and the documented
+    figures would be of no machine's."""
     model = EMBEDDED_MODELS[name]
     shipped = ROOT / SHIPPED_DIR / name
     info = json.loads((shipped / BUILD_INFO).read_text())
-    spec = tiny._build_spec(tiny.TinyModelHyperparameters(**dict(model.hyperparameters)),
-                            [DATA / file for file in model.train_files], 0)
-    assert {key: info[key] for key in spec} == spec, (
+    spec = current_spec(name, ROOT / DATA_DIR, ROOT / SHIPPED_DIR)
+    assert {key: info.get(key) for key in spec} == spec, (
         f"{shipped} is not of the current spec: build {name} with `roll model build {name} --from-scratch` and ship "
         "that folder, its sha256 first in known_builds")
     assert weights_sha256(shipped) == info["weights_sha256"] == model.known_builds[0][0]
+    assert INSTALLED_FROM not in info  # a build, not a copy of one
+    assert build_problems(name, shipped) == []
+    if model.judge:  # its verdicts were measured on these weights, and travel with them
+        assert json.loads((shipped / JUDGE_EVAL).read_text())["weights_sha256"] == info["weights_sha256"]
+
+
+def test_a_shipped_model_is_copied_by_name_with_its_backbone(tmp_path, monkeypatch):
+    """`roll model build tiny-qwen2-rm` on a fresh clone: the reward model and the tiny-qwen2 it is built from are
+    both copied, nothing is trained; --from-scratch trains the one asked for (here: refused, to show it was asked)."""
+    from roll_pipeline.models import tiny_reward
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("built, where the shipped build should have been copied")
+
+    monkeypatch.setattr(tiny, "_build_in_pinned_process", refuse)
+    monkeypatch.setattr(tiny_reward, "_build_in_pinned_process", refuse)
+    out = build_embedded_model("tiny-qwen2-rm", tmp_path, ROOT / DATA_DIR, shipped_dir=ROOT / SHIPPED_DIR)
+    for name in ("tiny-qwen2-rm", "tiny-qwen2"):
+        info = json.loads((tmp_path / name / BUILD_INFO).read_text())
+        assert info[INSTALLED_FROM] == str(ROOT / SHIPPED_DIR / name)
+        assert weights_sha256(tmp_path / name) == EMBEDDED_MODELS[name].known_builds[0][0]
+    assert out == tmp_path / "tiny-qwen2-rm"
+    with pytest.raises(AssertionError, match="should have been copied"):
+        build_embedded_model("tiny-qwen2-rm", tmp_path, ROOT / DATA_DIR, shipped_dir=ROOT / SHIPPED_DIR,
+                             from_scratch=True)
+    assert json.loads((out / BUILD_INFO).read_text())[INSTALLED_FROM]  # a failed build leaves the copy as it was
 
 
 @pytest.mark.slow
+@pytest.mark.check_builds
 @pytest.mark.parametrize("name", [name for name, model in EMBEDDED_MODELS.items() if model.shipped])
 def test_the_shipped_build_is_what_its_processor_builds(name, tmp_path):
-    """The shipped weights come from this code and data: built here from scratch (196 s with the test above,
-    2026-12-04 on the AMD EPYC), on a processor of the vendor that built them, they are the same bits. Another vendor
-    builds other weights (known_builds)."""
+    """The shipped weights come from this code and data: built here from scratch, on a processor of the vendor that
+    built them, they are the same bits (`make check-builds`, not `make test`: tiny-qwen2 took 196 s, the tool
+    model about 7.5 min, 2026-12-04 on the AMD EPYC). Another vendor builds other weights (known_builds)."""
     where = dict(EMBEDDED_MODELS[name].known_builds)[EMBEDDED_MODELS[name].known_builds[0][0]]
     vendor = next((line.split(":")[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                    if line.startswith("vendor_id")), "")

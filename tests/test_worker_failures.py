@@ -17,7 +17,7 @@ import yaml
 
 from roll_core.config import load_config
 from roll_pipeline.driver.pipeline import RLVRPipeline
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, shared_ray
 from workers.rewards.math_rule import MathRuleScorer
 
 SHARE, N = 6, 4
@@ -116,6 +116,7 @@ def start_pipeline(tmp_path: Path, tiny_model: Path, mlflow_db, **top) -> RLVRPi
     """A set-up pipeline for `write_config(..., **top)`; `pipeline.marks` is the folder its scorer marks."""
     marks = tmp_path / "marks"
     marks.mkdir()
+    shared_ray()
     pipeline = RLVRPipeline(
         load_config(write_config(tmp_path, tiny_model, marks, mlflow_db(tmp_path / "mlflow.db"), **top), [])
     )

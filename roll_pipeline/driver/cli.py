@@ -328,13 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build = model.add_parser(
         "build",
-        help="build (or reuse) embedded models by name, as the examples name them",
+        help="put embedded models in place by name, as the examples name them (shipped builds copied)",
         description="Build each named embedded model into MODELS_DIR/NAME (default: all of them); a model already "
         "built from the same spec is reused. The same seed gives the same weights on every machine with the same "
         "kind of processor (an Intel and an AMD processor build different ones): the weights' sha256 is printed, "
-        "and a warning where it is none of the builds seen before (roll_core/models/embedded.py). tiny-qwen2's "
-        "default build is shipped in examples/shipped-models and copied, not built, so every machine runs the "
-        "weights the documented figures were measured on.",
+        "and a warning where it is none of the builds seen before (roll_core/models/embedded.py). Each model's "
+        "default build (seed 0) is shipped in examples/shipped-models and copied, not built, so every machine runs "
+        "the weights the documented figures and the tests' bounds were measured on; --from-scratch builds it here.",
     )
     from roll_core.models.embedded import EMBEDDED_MODELS
 

@@ -118,24 +118,34 @@ def build_tiny_model(out_dir: Path, train_files: list[Path], seed: int = 0, ship
         raise TypeError(f"unknown tiny-model hyperparameters: {unknown}; known: {sorted(known)}")
     hparams = TinyModelHyperparameters(**hyperparameters)
     train_files = [Path(path) for path in train_files]
-    spec = _build_spec(hparams, train_files, seed)
+    spec = build_spec(hparams, train_files, seed)
+    if reuse_or_install(out_dir, spec, shipped, from_scratch, "tiny model"):
+        return out_dir
+    return write_build(out_dir, spec, lambda staging: _build_in_pinned_process(staging, hparams, train_files, seed),
+                       "tiny model")
+
+
+def reuse_or_install(out_dir: Path, spec: dict, shipped: Path | None, from_scratch: bool, what: str) -> bool:
+    """Whether `out_dir` now holds a build of `spec` without building one: it already did (a copy of `shipped` is up
+    to date only when it has the shipped weights), or `shipped`, a finished build kept with the project whose
+    build_info.json records `spec`, was copied in. `from_scratch` ignores `shipped` and refuses a copy of it, so
+    that the caller builds the model here. False: the caller builds it."""
     reference = _read_info(shipped) if shipped is not None and not from_scratch else None
-    if reference is not None and _spec_of(reference) != spec:
+    if reference is not None and _spec_of(reference, spec) != spec:
         reference = None
     cached = _read_info(out_dir)
-    if cached is not None and _spec_of(cached) == spec:
+    if cached is not None and _spec_of(cached, spec) == spec:
         if reference is not None:
             up_to_date = cached.get("weights_sha256") == reference["weights_sha256"]
         else:
             up_to_date = not (from_scratch and INSTALLED_FROM in cached)
         if up_to_date:
-            logger.info("tiny model in %s is up to date, not rebuilding", out_dir)
-            return out_dir
+            logger.info("%s in %s is up to date, not rebuilding", what, out_dir)
+            return True
     if reference is not None:
-        return install_shipped(Path(shipped), out_dir, reference)
-
-    return write_build(out_dir, spec, lambda staging: _build_in_pinned_process(staging, hparams, train_files, seed),
-                       "tiny model")
+        install_shipped(Path(shipped), out_dir, reference)
+        return True
+    return False
 
 
 def install_shipped(shipped: Path, out_dir: Path, info: dict) -> Path:
@@ -194,16 +204,23 @@ def weights_sha256(model_dir: Path) -> str:
 
 def _build_in_pinned_process(out_dir: Path, hparams: TinyModelHyperparameters, train_files: Sequence[Path],
                              seed: int) -> dict:
-    """Run `_build` in a fresh interpreter with `PINNED_KERNELS`: torch and MKL read them once, when they load,
-    so they cannot be set in a process that has already imported torch (a test, a pipeline)."""
-    job = {"out_dir": str(out_dir), "hyperparameters": asdict(hparams),
-           "train_files": [str(path) for path in train_files], "seed": seed,
+    return run_pinned(out_dir, f"{__name__}:_pinned_build",
+                      {"hyperparameters": asdict(hparams), "train_files": [str(path) for path in train_files],
+                       "seed": seed})
+
+
+def run_pinned(out_dir: Path, target: str, args: dict) -> dict:
+    """Run `target` ("module:function", called as function(out_dir, **args) and returning the build's figures) in
+    a fresh interpreter with `PINNED_KERNELS`: torch and MKL read them once, when they load, so they cannot be set
+    in a process that has already imported torch (a test, a pipeline). The figures come back with the weights'
+    sha256 and the kernels used."""
+    job = {"out_dir": str(out_dir), "target": target, "args": args,
            "log_level": logging.getLogger().getEffectiveLevel()}
     env = {**os.environ, **PINNED_KERNELS}
     done = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(job), text=True, env=env, check=False)
     results = Path(out_dir) / RESULTS_FILE
     if done.returncode != 0 or not results.exists():
-        raise RuntimeError(f"building the tiny model in {out_dir} failed (exit code {done.returncode}; "
+        raise RuntimeError(f"building the model in {out_dir} failed (exit code {done.returncode}; "
                            "its error is printed above)")
     try:
         return json.loads(results.read_text())
@@ -213,6 +230,8 @@ def _build_in_pinned_process(out_dir: Path, hparams: TinyModelHyperparameters, t
 
 def _main() -> None:
     """The build's child process: a job as JSON on stdin; the build's results go to `RESULTS_FILE` beside it."""
+    import importlib
+
     job = json.loads(sys.stdin.read())
     logging.basicConfig(level=job["log_level"], stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     from transformers.utils import logging as transformers_logging
@@ -224,14 +243,19 @@ def _main() -> None:
                        capability)
     torch.set_num_threads(BUILD_THREADS)
     torch.use_deterministic_algorithms(True)
-    results = _build(Path(job["out_dir"]), TinyModelHyperparameters(**job["hyperparameters"]),
-                     [Path(path) for path in job["train_files"]], job["seed"])
-    results["weights_sha256"] = weights_sha256(Path(job["out_dir"]))
+    module, function = job["target"].split(":")
+    out_dir = Path(job["out_dir"])
+    results = getattr(importlib.import_module(module), function)(out_dir, **job["args"])
+    results["weights_sha256"] = weights_sha256(out_dir)
     results["kernels"] = f"{capability}, {BUILD_THREADS} thread(s), torch {torch.__version__}"
-    (Path(job["out_dir"]) / RESULTS_FILE).write_text(json.dumps(results))
+    (out_dir / RESULTS_FILE).write_text(json.dumps(results))
 
 
-def _build_spec(hparams: TinyModelHyperparameters, train_files: Sequence[Path], seed: int) -> dict:
+def _pinned_build(out_dir: Path, hyperparameters: dict, train_files: list[str], seed: int) -> dict:
+    return _build(out_dir, TinyModelHyperparameters(**hyperparameters), [Path(path) for path in train_files], seed)
+
+
+def build_spec(hparams: TinyModelHyperparameters, train_files: Sequence[Path], seed: int) -> dict:
     return {
         "build_format": BUILD_FORMAT,
         "seed": seed,
@@ -247,8 +271,9 @@ def _read_info(model_dir: Path) -> dict | None:
         return None
 
 
-def _spec_of(info: dict) -> dict:
-    return {key: info.get(key) for key in ("build_format", "seed", "hyperparameters", "train_files")}
+def _spec_of(info: dict, spec: dict) -> dict:
+    """The part of a build_info.json that a spec of `spec`'s keys compares with."""
+    return {key: info.get(key) for key in spec}
 
 
 def _replace_dir(staging: Path, out_dir: Path) -> None:

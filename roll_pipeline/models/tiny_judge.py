@@ -36,13 +36,15 @@ REPLY_TOKENS = 8
 
 
 def build_tiny_judge(
-    out_dir: Path, train_files: Sequence[Path], seed: int = 0, val_file: Path | None = None
+    out_dir: Path, train_files: Sequence[Path], seed: int = 0, val_file: Path | None = None,
+    shipped: Path | None = None, from_scratch: bool = False,
 ) -> Path:
-    """Build (or reuse) the tiny judge in ``out_dir``; measure its verdicts on ``val_file`` (default:
-    ``judge_val.jsonl`` beside the first training file, when it exists) unless already measured for this
-    build."""
+    """Build (or reuse, or copy from ``shipped``: see ``build_tiny_model``) the tiny judge in ``out_dir``; measure
+    its verdicts on ``val_file`` (default: ``judge_val.jsonl`` beside the first training file, when it exists)
+    unless already measured for these weights (a shipped build brings its measurement along)."""
     out_dir = build_tiny_model(
-        Path(out_dir), [Path(f) for f in train_files], seed=seed, **JUDGE_HYPERPARAMETERS
+        Path(out_dir), [Path(f) for f in train_files], seed=seed, shipped=shipped, from_scratch=from_scratch,
+        **JUDGE_HYPERPARAMETERS,
     )
     if val_file is None:
         candidate = Path(train_files[0]).with_name("judge_val.jsonl")
@@ -53,13 +55,13 @@ def build_tiny_judge(
 
 
 def evaluate_once(model_dir: Path, val_file: Path) -> dict:
-    """``judge_eval.json`` of ``model_dir`` for ``val_file``, measured unless it already is for this build."""
-    build = hashlib.sha256((model_dir / BUILD_INFO).read_bytes()).hexdigest()
+    """``judge_eval.json`` of ``model_dir`` for ``val_file``, measured unless it already is for these weights."""
+    build = json.loads((model_dir / BUILD_INFO).read_text())["weights_sha256"]
     data = hashlib.sha256(val_file.read_bytes()).hexdigest()
     path = model_dir / JUDGE_EVAL
     try:
         cached = json.loads(path.read_text())
-        if cached.get("build_info_sha256") == build and cached.get("val_sha256") == data:
+        if cached.get("weights_sha256") == build and cached.get("val_sha256") == data:
             return cached
     except (FileNotFoundError, ValueError):
         pass
@@ -74,7 +76,7 @@ def evaluate_once(model_dir: Path, val_file: Path) -> dict:
         "unparseable": sum(v is None for v in verdicts),
         "accuracy_when_yes": round(_share(right, expected, 1.0), 4),
         "accuracy_when_no": round(_share(right, expected, 0.0), 4),
-        "build_info_sha256": build,
+        "weights_sha256": build,
         "val_sha256": data,
     }
     path.write_text(json.dumps(result, indent=2) + "\n")

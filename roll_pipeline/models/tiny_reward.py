@@ -8,8 +8,10 @@ rendered as the worker renders it (workers/rewards/reward_model.py: render_conve
 lr 1e-4: held-out 0.93 ending at the end-of-turn token, 0.86 reading the template's trailing newline). It is a learned, imperfect judge on purpose:
 beside `math_rule` in examples/reward_model.yaml it shows how a weighted second reward enters a domain's reward.
 
-Builds are cached by spec (base weights, data, hyperparameters, seed) in `build_info.json`, written atomically,
-with the held-out pairwise accuracy (right scored above wrong, on math_val.jsonl) and the weights' sha256.
+Builds run in the pinned child process of the other embedded models (roll_pipeline/models/tiny.py: repeatable on
+one vendor's processors, whatever their vector units), are cached by spec (base weights, data, hyperparameters,
+seed) in `build_info.json`, written atomically, with the held-out pairwise accuracy (right scored above wrong, on
+math_val.jsonl) and the weights' sha256.
 """
 
 from __future__ import annotations
@@ -23,11 +25,21 @@ from pathlib import Path
 
 import torch
 
-from roll_pipeline.models.tiny import BUILD_INFO, BUILD_THREADS, WEIGHTS_FILE, weights_sha256, write_build
+from roll_pipeline.models.tiny import (
+    BUILD_THREADS,
+    WEIGHTS_FILE,
+    reuse_or_install,
+    run_pinned,
+    weights_sha256,
+    write_build,
+)
 
 logger = logging.getLogger(__name__)
 
-BUILD_FORMAT = 1
+#: 2: built in the pinned child process (roll_pipeline/models/tiny.py's PINNED_KERNELS) like the other embedded
+#: models; format 1 was built in the calling process, whose kernels follow the processor's vector units (an AMD
+#: EPYC with AVX-512 built 66a5fdbc where one without it had built b05c5aae, 2026-12-06).
+BUILD_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -55,31 +67,45 @@ def pairs(rows: list[dict], rng: random.Random, max_shift: int) -> list[tuple[li
     return out
 
 
-def build_tiny_reward_model(out_dir: Path, base_dir: Path, train_file: Path, val_file: Path, seed: int = 0,
-                            **hyperparameters) -> Path:
-    """Build (or reuse, when its spec is unchanged) the tiny reward model in `out_dir` from the policy in
-    `base_dir`."""
-    out_dir = Path(out_dir)
-    hparams = TinyRewardHyperparameters(**hyperparameters)
-    spec = {
+def reward_model_spec(base_dir: Path, train_file: Path, val_file: Path, seed: int = 0,
+                      hparams: TinyRewardHyperparameters | None = None) -> dict:
+    """What a build of the tiny reward model depends on: recorded in its build_info.json, compared before reuse."""
+    return {
         "build_format": BUILD_FORMAT,
         "seed": seed,
-        "hyperparameters": asdict(hparams),
+        "hyperparameters": asdict(hparams or TinyRewardHyperparameters()),
         "base_weights": weights_sha256(base_dir),
         "data": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (Path(train_file), Path(val_file))},
     }
-    try:
-        info = json.loads((out_dir / BUILD_INFO).read_text())
-        if {key: info.get(key) for key in spec} == spec:
-            logger.info("tiny reward model in %s is up to date, not rebuilding", out_dir)
-            return out_dir
-    except (FileNotFoundError, json.JSONDecodeError):
-        pass
+
+
+def build_tiny_reward_model(out_dir: Path, base_dir: Path, train_file: Path, val_file: Path, seed: int = 0,
+                            shipped: Path | None = None, from_scratch: bool = False, **hyperparameters) -> Path:
+    """Build (or reuse, when its spec is unchanged, or copy from `shipped`: see `build_tiny_model`) the tiny reward
+    model in `out_dir` from the policy in `base_dir`."""
+    out_dir = Path(out_dir)
+    hparams = TinyRewardHyperparameters(**hyperparameters)
+    spec = reward_model_spec(base_dir, train_file, val_file, seed, hparams)
+    if reuse_or_install(out_dir, spec, shipped, from_scratch, "tiny reward model"):
+        return out_dir
+
     def build(staging: Path) -> dict:
-        results = _build(staging, Path(base_dir), Path(train_file), Path(val_file), seed, hparams)
-        return {**results, "weights_sha256": weights_sha256(staging)}
+        return _build_in_pinned_process(staging, Path(base_dir), Path(train_file), Path(val_file), seed, hparams)
 
     return write_build(out_dir, spec, build, "tiny reward model")
+
+
+def _build_in_pinned_process(out_dir: Path, base_dir: Path, train_file: Path, val_file: Path, seed: int,
+                             hparams: TinyRewardHyperparameters) -> dict:
+    return run_pinned(out_dir, f"{__name__}:_pinned_build",
+                      {"base_dir": str(base_dir), "train_file": str(train_file), "val_file": str(val_file),
+                       "seed": seed, "hyperparameters": asdict(hparams)})
+
+
+def _pinned_build(out_dir: Path, base_dir: str, train_file: str, val_file: str, seed: int,
+                  hyperparameters: dict) -> dict:
+    return _build(out_dir, Path(base_dir), Path(train_file), Path(val_file), seed,
+                  TinyRewardHyperparameters(**hyperparameters))
 
 
 def _read(path: Path) -> list[dict]:
