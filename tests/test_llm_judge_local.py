@@ -236,3 +236,16 @@ def test_a_killed_judge_actor_masks_and_counts_samples_and_scoring_goes_on(local
         # masked as errors, not cut at the 90 s sample timeout: a dead judge is not waited for
         assert all(r.masked and r.mask_reason == "error" for r in down)
         assert worker.stats()["masked_error"] == len(masked) + len(killed) + 4
+
+
+def test_a_dry_run_in_a_process_connected_to_ray_starts_no_judge(local_ray, judge_model, monkeypatch, capsys):
+    """`roll run --dry-run` builds each reward scorer to check its options; an llm_judge scorer built in a process
+    connected to Ray starts its judge actor, and a dry run must start nothing (one that did waited for ever on a
+    judge that could not be placed: a config import's dry run, in a test process on the shared cluster)."""
+    from roll_pipeline.driver.cli import main
+    from tests.conftest import ROOT
+
+    monkeypatch.chdir(ROOT)  # the judge's model_path is relative to the working directory
+    before = ray.util.list_named_actors(all_namespaces=True)
+    assert main(["run", str(EXAMPLES / "multi_domain_local_judge.yaml"), "--dry-run"]) == 0, capsys.readouterr().out
+    assert ray.util.list_named_actors(all_namespaces=True) == before

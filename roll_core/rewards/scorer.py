@@ -7,12 +7,33 @@ ground truth in the wrong form): the worker masks such a sample instead of rewar
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from roll_core.plugins import refuse_unknown_options
+
+_CHECKING_OPTIONS = contextvars.ContextVar("roll_checking_reward_options", default=False)
+
+
+@contextlib.contextmanager
+def checking_options() -> Iterator[None]:
+    """Scorers built inside are built to check their options (`roll run --dry-run`'s checks): a scorer that starts
+    something of its own when built (the llm_judge's judge actor, in a process connected to Ray) starts nothing."""
+    token = _CHECKING_OPTIONS.set(True)
+    try:
+        yield
+    finally:
+        _CHECKING_OPTIONS.reset(token)
+
+
+def checking_options_only() -> bool:
+    """Whether the scorer being built is only checked (`checking_options`)."""
+    return _CHECKING_OPTIONS.get()
+
 
 #: Metric names the reward worker and the rollout metrics write; a scorer's own metrics must not shadow them.
 RESERVED_METRIC_NAMES = frozenset(

@@ -244,6 +244,7 @@ def _row_checks(cfg) -> dict[str, RowCheck]:
 
 
 def _reward_checks(cfg) -> list[Check]:
+    from roll_core.rewards.scorer import checking_options
     from workers.rewards.registry import get_reward_scorer_cls
 
     out = []
@@ -253,7 +254,8 @@ def _reward_checks(cfg) -> list[Check]:
             key = f"rewards.{domain}.workers[{i}]" if several else f"rewards.{domain}.worker"
             try:
                 scorer_cls = get_reward_scorer_cls(component.worker)
-                scorer_cls(**component.options)
+                with checking_options():  # built to check its options: it starts nothing (a judge actor)
+                    scorer_cls(**component.options)
                 filters = [*reward.response_filters, *reward.group_filters] if i == 0 else []
                 detail = f"{component.worker} -> {scorer_cls.__module__}:{scorer_cls.__qualname__}"
                 if several:

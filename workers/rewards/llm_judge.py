@@ -386,12 +386,14 @@ class LLMJudgeScorer(RewardScorer):
         self.tokens_per_minute = tokens_per_minute
         self._client = None
         if backend == "ray_actor":
+            from roll_core.rewards.scorer import checking_options_only
             from workers.rewards.judge.local import LocalJudgeSpec, connected_to_ray, ensure_relay
 
             self.local = LocalJudgeSpec.from_options(model_path, actor or {})
             # Built in a process connected to Ray (the reward worker's, before it starts its scoring
-            # processes), the scorer starts the judge actor and the relay that its scoring processes call.
-            if connected_to_ray():
+            # processes), the scorer starts the judge actor and the relay that its scoring processes call; built
+            # to check its options (a dry run), it starts nothing.
+            if connected_to_ray() and not checking_options_only():
                 ensure_relay(self.local)
 
     def warm_up(self) -> None:
