@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 
 from roll_pipeline.models.tiny import (
-    BUILD_THREADS,
     WEIGHTS_FILE,
     reuse_or_install,
     run_pinned,
@@ -118,7 +117,6 @@ def _build(out_dir: Path, base_dir: Path, train_file: Path, val_file: Path, seed
 
     from workers.rewards.reward_model import render_conversation
 
-    torch.set_num_threads(BUILD_THREADS)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
