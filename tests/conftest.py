@@ -4,6 +4,8 @@ waiting for an event. And which test files share a pytest-xdist worker (`make te
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -16,6 +18,13 @@ from tests import profiling
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 TINY_MODEL = EXAMPLES / "models" / "tiny-qwen2"
+
+# OpenMP threads that wait sleep instead of spinning. Every torch process of the suite (a pipeline's workers, a
+# `roll run` subprocess's, set before Ray starts so that its workers inherit it) has 2 threads on a 2-core machine
+# that the other pytest-xdist worker's processes need: spinning threads burn what the other test waits for. Measured
+# on the `grpo` case of test_learning.py alone (2026-12-06, AMD EPYC Zen 4, 2 cores, quiet, alternating): busy CPU
+# 66, 64, 72 s passive against 73, 75, 73 s spinning, wall 46-56 s either way. It changes no computed value.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 #: Test files whose tests run one after another on one pytest-xdist worker, by what they share on the host: the
@@ -49,9 +58,26 @@ def pytest_xdist_make_scheduler(config, log):
 
     class SharedWorkerScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return group_of.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1]) or super()._split_scope(nodeid)
+            path = nodeid.split("::", 1)[0]
+            name = path.rsplit("/", 1)[-1]
+            return group_of.get(name) or (path if has_module_fixture(path) else super()._split_scope(nodeid))
 
     return SharedWorkerScheduling(config, log)
+
+
+_MODULE_FIXTURE = re.compile(r"@pytest\.fixture\(\s*scope=[\"']module[\"']")
+_module_fixture_files: dict[str, bool] = {}
+
+
+def has_module_fixture(path: str) -> bool:
+    """Whether a test file defines a module-scoped fixture: its tests then go to one pytest-xdist worker together,
+    so that the fixture (a pipeline, a vLLM engine, a server, a trained run) is set up once, not once per worker
+    that gets some of them (a module's tests spread over both workers set up `trained` of test_mlflow_server.py,
+    48 s, twice)."""
+    if path not in _module_fixture_files:
+        file = ROOT / path
+        _module_fixture_files[path] = file.is_file() and bool(_MODULE_FIXTURE.search(file.read_text()))
+    return _module_fixture_files[path]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

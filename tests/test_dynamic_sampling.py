@@ -40,6 +40,10 @@ class ScriptedInfer:
 
     def __init__(self, delay_s: float = 0.0, reverse: bool = False, hold_from: int | None = None) -> None:
         self.tok = AutoTokenizer.from_pretrained(str(TINY_MODEL))
+        self.reset(delay_s, reverse, hold_from)
+
+    def reset(self, delay_s: float = 0.0, reverse: bool = False, hold_from: int | None = None) -> None:
+        """Start over, as a new stand-in would: the module's tests share one (`scripted`), each from its reset."""
         self.delay_s = delay_s
         self.reverse = reverse
         """Make the k-th request take `delay_s * (8 - k % 8)`: the later drawn, the sooner done."""
@@ -121,13 +125,35 @@ def rows_of(patterns):
     ]
 
 
-def scheduler(cfg, rows, infer, reward_spec="math_rule", reward_options=None, val_rows=()):
-    tok = AutoTokenizer.from_pretrained(str(TINY_MODEL))
-    reward = Cluster(
+def reward_cluster(reward_spec="math_rule", reward_options=None) -> Cluster:
+    return Cluster(
         "reward_math", RewardWorker, world_size=1, num_cpus=0, num_gpus=0, pass_rank=False,
         worker_kwargs={"domain": "math", "worker_spec": reward_spec, "options": reward_options or {},
                        "timeout_s": 30.0, "processes": 1},
     )
+
+
+#: What the module's tests share, started once on the shared Ray cluster (each stand-in imports torch and
+#: transformers: about 5 s of CPU apiece, for each of the 13 schedulers these tests start): the scripted actor_infer
+#: (reset by `scripted` before each use) and the math_rule reward cluster, which keeps no state between batches.
+_shared: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_stand_ins(local_ray):
+    yield
+    for handle in _shared.pop("infer", []):
+        ray.kill(handle)
+    if "reward" in _shared:
+        _shared.pop("reward").shutdown()
+
+
+def scheduler(cfg, rows, infer, reward_spec="math_rule", reward_options=None, val_rows=()):
+    tok = AutoTokenizer.from_pretrained(str(TINY_MODEL))
+    if reward_spec == "math_rule" and not reward_options:
+        reward = _shared.get("reward") or _shared.setdefault("reward", reward_cluster())
+    else:
+        reward = reward_cluster(reward_spec, reward_options)
     actor = start_scheduler(
         "math",
         rows=rows,
@@ -141,10 +167,12 @@ def scheduler(cfg, rows, infer, reward_spec="math_rule", reward_options=None, va
     return actor, reward
 
 
-def scripted(delay_s=0.0, concurrency=64, reverse=False, hold_from=None):
-    return [
-        ray.remote(ScriptedInfer).options(num_cpus=0, max_concurrency=concurrency).remote(delay_s, reverse, hold_from)
-    ]
+def scripted(delay_s=0.0, reverse=False, hold_from=None):
+    """The module's ScriptedInfer, reset for a new scheduler (one is started on first use)."""
+    if "infer" not in _shared:
+        _shared["infer"] = [ray.remote(ScriptedInfer).options(num_cpus=0, max_concurrency=64).remote()]
+    ray.get(_shared["infer"][0].reset.remote(delay_s, reverse, hold_from))
+    return _shared["infer"]
 
 
 def draw_order(cfg, n_rows, k):

@@ -8,7 +8,15 @@ import pytest
 import ray
 
 from schedulers.ledger import DifficultyLedger
-from tests.test_dynamic_sampling import ARGS, N, config, rows_of, scheduler, scripted
+from tests.test_dynamic_sampling import (  # shared_stand_ins: autouse, stops the shared stand-ins after this module
+    ARGS,
+    N,
+    config,
+    rows_of,
+    scheduler,
+    scripted,
+    shared_stand_ins,  # noqa: F401
+)
 
 
 def ledger(streak=1, retest_prob=0.25, size=10):
