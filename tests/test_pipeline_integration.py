@@ -58,6 +58,10 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
             assert len(cluster.workers) == 1, name
         pids = {name: ray.get(c.workers[0].__ray_call__.remote(lambda self: __import__("os").getpid())) for name, c in clusters.items()}
         assert len(set(pids.values())) == len(pids), "every cluster runs in its own process"
+        # ...and imports transformers without scikit-learn (roll_core/lean_imports.py: 1.5 s of CPU a process)
+        with_sklearn = {name: ray.get(c.workers[0].__ray_call__.remote(lambda self: "sklearn" in __import__("sys").modules))
+                        for name, c in clusters.items()}
+        assert with_sklearn == dict.fromkeys(clusters, False)
 
         before = pipeline.runtime.actor_train.call_rank0("get_weights")
         rollout = pipeline.rollout()
