@@ -4,6 +4,7 @@ waiting for an event. And which test files share a pytest-xdist worker (`make te
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -66,18 +67,16 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 _MODULE_FIXTURE = re.compile(r"@pytest\.fixture\(\s*scope=[\"']module[\"']")
-_module_fixture_files: dict[str, bool] = {}
 
 
+@functools.cache
 def has_module_fixture(path: str) -> bool:
     """Whether a test file defines a module-scoped fixture: its tests then go to one pytest-xdist worker together,
     so that the fixture (a pipeline, a vLLM engine, a server, a trained run) is set up once, not once per worker
     that gets some of them (a module's tests spread over both workers set up `trained` of test_mlflow_server.py,
     48 s, twice)."""
-    if path not in _module_fixture_files:
-        file = ROOT / path
-        _module_fixture_files[path] = file.is_file() and bool(_MODULE_FIXTURE.search(file.read_text()))
-    return _module_fixture_files[path]
+    file = ROOT / path
+    return file.is_file() and bool(_MODULE_FIXTURE.search(file.read_text()))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -136,22 +136,24 @@ def reward_cluster(reward_spec="math_rule", reward_options=None) -> Cluster:
 #: What the module's tests share, started once on the shared Ray cluster (each stand-in imports torch and
 #: transformers: about 5 s of CPU apiece, for each of the 13 schedulers these tests start): the scripted actor_infer
 #: (reset by `scripted` before each use) and the math_rule reward cluster, which keeps no state between batches.
-_shared: dict = {}
+_stand_ins: dict = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def shared_stand_ins(local_ray):
     yield
-    for handle in _shared.pop("infer", []):
+    for handle in _stand_ins.pop("infer", []):
         ray.kill(handle)
-    if "reward" in _shared:
-        _shared.pop("reward").shutdown()
+    if "reward" in _stand_ins:
+        _stand_ins.pop("reward").shutdown()
 
 
 def scheduler(cfg, rows, infer, reward_spec="math_rule", reward_options=None, val_rows=()):
     tok = AutoTokenizer.from_pretrained(str(TINY_MODEL))
     if reward_spec == "math_rule" and not reward_options:
-        reward = _shared.get("reward") or _shared.setdefault("reward", reward_cluster())
+        if "reward" not in _stand_ins:
+            _stand_ins["reward"] = reward_cluster()
+        reward = _stand_ins["reward"]
     else:
         reward = reward_cluster(reward_spec, reward_options)
     actor = start_scheduler(
@@ -169,10 +171,10 @@ def scheduler(cfg, rows, infer, reward_spec="math_rule", reward_options=None, va
 
 def scripted(delay_s=0.0, reverse=False, hold_from=None):
     """The module's ScriptedInfer, reset for a new scheduler (one is started on first use)."""
-    if "infer" not in _shared:
-        _shared["infer"] = [ray.remote(ScriptedInfer).options(num_cpus=0, max_concurrency=64).remote()]
-    ray.get(_shared["infer"][0].reset.remote(delay_s, reverse, hold_from))
-    return _shared["infer"]
+    if "infer" not in _stand_ins:
+        _stand_ins["infer"] = [ray.remote(ScriptedInfer).options(num_cpus=0, max_concurrency=64).remote()]
+    ray.get(_stand_ins["infer"][0].reset.remote(delay_s, reverse, hold_from))
+    return _stand_ins["infer"]
 
 
 def draw_order(cfg, n_rows, k):
