@@ -140,7 +140,13 @@ _stand_ins: dict = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def shared_stand_ins(local_ray):
+def shared_stand_ins(request):
+    """Stops the shared stand-ins after the module. It takes the shared Ray cluster (so that it stops them before
+    `local_ray` ends) only where a test of the module that runs needs Ray: the fast tests alone (`make
+    test-fast`, a mutation run's "not slow") start no Ray cluster."""
+    if any("local_ray" in item.fixturenames for item in request.session.items
+           if getattr(item, "module", None) is request.module):
+        request.getfixturevalue("local_ray")
     yield
     for handle in _stand_ins.pop("infer", []):
         ray.kill(handle)
