@@ -28,10 +28,61 @@ SMALL = [
 ]
 
 
+def progress_probs(base, rate, *, strength, floor, ceil):
+    """The progress mixer's probabilities for two domains, from its documented rule (roll_core/algorithms/
+    mixing.py): configured probability times (rate / the probability-weighted mean rate) ** strength, normalised;
+    a domain past a bound is set to it and the other gets the rest."""
+    mean = sum(base[d] * rate[d] for d in base)
+    weights = {d: base[d] * (rate[d] / mean) ** strength for d in base}
+    probs = {d: w / sum(weights.values()) for d, w in weights.items()}
+    for d, p in probs.items():
+        bound = ceil if p > ceil else floor if p < floor else None
+        if bound is not None:
+            (other,) = set(probs) - {d}
+            return {d: bound, other: 1.0 - bound}
+    return probs
+
+
+class ProgressMixerModel:
+    """What domain_mixer progress (floor 0.125, ceil 0.875, strength 0.2, smoothing 0.5) must do over math_code's
+    0.75 / 0.25, rollout after rollout: the configured probabilities before anything is measured, then the rule
+    applied to the groups kept per second that the previous rollouts' schedulers logged (smoothed)."""
+
+    BASE = {"math": 0.75, "code": 0.25}
+
+    def __init__(self) -> None:
+        self.rate: dict[str, float] = {}
+        self.expected = dict(self.BASE)
+
+    def check(self, rollout, size: int, group: int, step: int) -> None:
+        """The rollout's probabilities and prompts are the expected ones; then learn from what it measured."""
+        m = rollout.metrics
+        for d in self.BASE:
+            assert m[f"mix/{d}"] == pytest.approx(self.expected[d], rel=1e-9), (step, d)
+        prompts = {d: int(m[f"mix/{d}/prompts"]) for d in self.BASE}
+        assert prompts == domain_shares(self.expected, size), step
+        assert Counter(rollout.batch.meta["domain"]) == {d: group * k for d, k in prompts.items()}, step
+        assert all(m[f"scheduler/{d}/groups_kept"] == prompts[d] for d in self.BASE)  # no filter drops a group
+        measured = {d: m[f"scheduler/{d}/groups_kept"] / m[f"scheduler/{d}/wall_s"] for d in self.BASE}
+        self.rate = measured if not self.rate else {d: 0.5 * self.rate[d] + 0.5 * measured[d] for d in self.BASE}
+        self.expected = progress_probs(self.BASE, self.rate, strength=0.2, floor=0.125, ceil=0.875)
+        assert self.expected != pytest.approx(self.BASE), "the measured rates moved the probabilities"
+
+
 @pytest.mark.slow
-def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ray, mlflow_db):
+def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_their_rollouts(
+    tmp_path, tiny_model, local_ray, mlflow_db
+):
+    """One pipeline with every cluster (actor_train, actor_infer, reference, critic, a reward cluster per domain)
+    on real actors, driven through an RLVR step; and domain_mixer progress driving its real rollouts, before and
+    after that step: each rollout's domain probabilities are the mixer's rule applied to the groups kept per second
+    that the previous rollouts' schedulers logged (smoothed), and each domain's prompts in the batch follow them.
+    (Two tests with a pipeline each until 2026-12-06: docs/testing.md.)"""
+    size, group = 8, 2
     overrides = [
         *SMALL,
+        f"rollout_batch_size={size}",
+        f"num_return_sequences_in_group={group}",
         "max_steps=1",
         f"output_dir={tmp_path / 'run'}",
         f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
@@ -42,8 +93,14 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         "kl_loss_coef=0.01",
         "adv_estimator=gae",
         "critic={training_args: {per_device_train_batch_size: 8, gradient_accumulation_steps: 2, learning_rate: 1e-3}}",
+        "rewards.math.group_filters={}",
+        "rewards.code.group_filters={}",
+        # strength 0.2 keeps the probabilities inside the bounds, where the smoothing shows (math's reaches the
+        # ceiling only at a rate 69 times code's; measured here: 3 to 5 times, math 0.79 to 0.81)
+        "domain_mixer={type: progress, floor: 0.125, ceil: 0.875, strength: 0.2, smoothing: 0.5}",
     ]
     pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
+    mixer = ProgressMixerModel()
     try:
         pipeline.setup()
         clusters = {
@@ -65,17 +122,18 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
 
         before = pipeline.runtime.actor_train.call_rank0("get_weights")
         rollout = pipeline.rollout()
+        mixer.check(rollout, size, group, step=0)
         batch = rollout.batch
-        assert len(batch) == 4 * 4
-        # domain_interleave_probs math 0.75, code 0.25 of rollout_batch_size 4: 3 math prompts and 1 code prompt,
-        # each with its group of 4, every group from one domain, and each row from its domain's data
-        # (the example data's ids start with the domain's name)
-        assert pipeline.resolved.domain_shares == {"math": 3, "code": 1}
+        assert len(batch) == size * group
+        # domain_interleave_probs math 0.75, code 0.25 of rollout_batch_size 8 (nothing measured yet): 6 math
+        # prompts and 2 code prompts, each with its group of 2, every group from one domain, and each row from its
+        # domain's data (the example data's ids start with the domain's name)
+        assert pipeline.resolved.domain_shares == {"math": 6, "code": 2}
         domains = batch.meta["domain"]
         assert Counter(domains) == {"math": 12, "code": 4}
-        assert all(len(set(domains[g * 4 : g * 4 + 4])) == 1 for g in range(4))
+        assert all(len(set(domains[g * group : (g + 1) * group])) == 1 for g in range(size))
         assert all(row_id.startswith(f"{d}-") for d, row_id in zip(domains, batch.meta["id"], strict=True))
-        assert batch["group_ids"].tolist() == [g for g in range(4) for _ in range(4)]
+        assert batch["group_ids"].tolist() == [g for g in range(size) for _ in range(group)]
         assert not pipeline.cfg.update_gives_old_log_probs
         batch = pipeline.compute_log_probs(batch)
         batch = pipeline.compute_values(batch)
@@ -95,59 +153,8 @@ def test_every_cluster_runs_a_step_on_real_actors(tmp_path, tiny_model, local_ra
         )
         synced = ray.get(synced)
         assert all(torch.equal(after[k], synced[k]) for k in after), "actor_infer received the new weights"
-    finally:
-        pipeline.shutdown()
 
-
-def progress_probs(base, rate, *, strength, floor, ceil):
-    """The progress mixer's probabilities for two domains, from its documented rule (roll_core/algorithms/
-    mixing.py): configured probability times (rate / the probability-weighted mean rate) ** strength, normalised;
-    a domain past a bound is set to it and the other gets the rest."""
-    mean = sum(base[d] * rate[d] for d in base)
-    weights = {d: base[d] * (rate[d] / mean) ** strength for d in base}
-    probs = {d: w / sum(weights.values()) for d, w in weights.items()}
-    for d, p in probs.items():
-        bound = ceil if p > ceil else floor if p < floor else None
-        if bound is not None:
-            (other,) = set(probs) - {d}
-            return {d: bound, other: 1.0 - bound}
-    return probs
-
-
-@pytest.mark.slow
-def test_the_progress_mixer_moves_real_rollouts_by_what_the_schedulers_measured(tmp_path, tiny_model, local_ray, mlflow_db):
-    """domain_mixer progress driving real rollouts: each rollout's domain probabilities are the mixer's rule applied
-    to the groups kept per second that the previous rollouts' schedulers logged (smoothed), and each domain's
-    prompts in the batch follow them."""
-    overrides = [
-        *SMALL,
-        "rollout_batch_size=8",
-        "num_return_sequences_in_group=2",
-        "rewards.math.group_filters={}",
-        "rewards.code.group_filters={}",
-        # strength 0.2 keeps the probabilities inside the bounds, where the smoothing shows (math's reaches the
-        # ceiling only at a rate 69 times code's; measured here: 3 to 5 times, math 0.79 to 0.81)
-        "domain_mixer={type: progress, floor: 0.125, ceil: 0.875, strength: 0.2, smoothing: 0.5}",
-        f"output_dir={tmp_path / 'run'}",
-        f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
-    ]
-    pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
-    base = {"math": 0.75, "code": 0.25}
-    try:
-        pipeline.setup()
-        rate, expected = {}, dict(base)  # nothing measured before the first rollout: the configured probabilities
-        for step in range(3):
-            rollout = pipeline.rollout()
-            m = rollout.metrics
-            for d in base:
-                assert m[f"mix/{d}"] == pytest.approx(expected[d], rel=1e-9), (step, d)
-            prompts = {d: int(m[f"mix/{d}/prompts"]) for d in base}
-            assert prompts == domain_shares(expected, 8), step
-            assert Counter(rollout.batch.meta["domain"]) == {d: 2 * k for d, k in prompts.items()}, step
-            measured = {d: m[f"scheduler/{d}/groups_kept"] / m[f"scheduler/{d}/wall_s"] for d in base}
-            assert all(m[f"scheduler/{d}/groups_kept"] == prompts[d] for d in base)  # no filter drops a group
-            rate = measured if not rate else {d: 0.5 * rate[d] + 0.5 * measured[d] for d in base}
-            expected = progress_probs(base, rate, strength=0.2, floor=0.125, ceil=0.875)
-            assert expected != pytest.approx(base), "the measured rates moved the probabilities"
+        for step in (1, 2):  # the mixer goes on with the rates measured so far
+            mixer.check(pipeline.rollout(), size, group, step)
     finally:
         pipeline.shutdown()

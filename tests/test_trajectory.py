@@ -55,11 +55,11 @@ def test_a_trajectory_keeps_the_version_that_sampled_each_token():
     t.add_tool([20, 21], "7", EnvStep("7", tool_calls=1))
     t.add_turn([12], None, "7", "stop", versions=[5])
     short = Trajectory(prompt=[1])
-    short.add_turn([13, 16], None, "7", "stop", versions=[6, 7])
+    short.add_turn([13, 16, 17], None, "7", "stop", versions=[6, 7, 8])  # three versions: the last one is padded
     unversioned = Trajectory(prompt=[1])
     unversioned.add_turn([14, 15], None, "7", "stop")
     rows = trajectory_rows([t, short, unversioned, Trajectory(prompt=[1])], pad_id=0, with_log_probs=False)
-    assert rows["token_versions"].tolist() == [[3, 4, 4, 4, 5], [6, 7, 7, 7, 7], [0] * 5, [0] * 5]
+    assert rows["token_versions"].tolist() == [[3, 4, 4, 4, 5], [6, 7, 8, 8, 8], [0] * 5, [0] * 5]
 
 
 @pytest.mark.parametrize(
