@@ -1164,10 +1164,7 @@ def test_a_sandbox_process_under_a_live_process_of_another_run_is_not_this_tests
     process is as far as this test can tell) is another run's, even where no cgroup tells runs apart."""
     monkeypatch.setattr(sys.modules[__name__], "sandbox_cgroups", lambda: False)
     program = f"import subprocess, time; subprocess.Popen(['sleep', '{MARKER}']); time.sleep(600)"
-    spawner = subprocess.run(
-        [sys.executable, "-c", "import subprocess as s, sys; print(s.Popen(sys.argv[1:], stdout=s.DEVNULL, "
-         "stderr=s.DEVNULL).pid)", sys.executable, "-c", program], capture_output=True, check=True, timeout=60)
-    parent = psutil.Process(int(spawner.stdout))
+    parent = psutil.Process(start_orphan(sys.executable, os.getuid(), [sys.executable, "-c", program]))
     try:
         deadline = time.monotonic() + 30.0
         while not parent.children() and time.monotonic() < deadline:
