@@ -31,8 +31,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 #: Test files whose tests run one after another on one pytest-xdist worker, by what they share on the host: the
 #: sandbox files make orphans on purpose and look for what runs left on the host; the Ray cluster files start
 #: multi-node clusters (`ray start` nodes, a dashboard); the vLLM files each start vLLM (its ports, its threads
-#: pinned to the cores; test_multi_turn.py's pipeline step on vLLM too). Every other test runs beside any one of
-#: these.
+#: pinned to the cores). Every other test runs beside any one of these.
 SHARED_WORKER = {
     "sandbox-host": (
         "test_code_sandbox_hostile.py", "test_code_sandbox_zygote.py", "test_code_sandbox_stdio_tests.py",
@@ -40,7 +39,7 @@ SHARED_WORKER = {
     ),
     "ray-nodes": ("test_multinode.py", "test_ray_cluster.py", "test_placement.py"),
     "vllm": (
-        "test_vllm_engine.py", "test_vllm_pipeline.py", "test_vllm_strategy.py", "test_serve.py", "test_multi_turn.py",
+        "test_vllm_engine.py", "test_vllm_pipeline.py", "test_vllm_strategy.py", "test_serve.py",
     ),
 }
 

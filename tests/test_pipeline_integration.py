@@ -74,10 +74,11 @@ def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_t
     tmp_path, tiny_model, local_ray, mlflow_db
 ):
     """One pipeline with every cluster (actor_train, actor_infer, reference, critic, a reward cluster per domain)
-    on real actors, driven through an RLVR step; and domain_mixer progress driving its real rollouts, before and
-    after that step: each rollout's domain probabilities are the mixer's rule applied to the groups kept per second
-    that the previous rollouts' schedulers logged (smoothed), and each domain's prompts in the batch follow them.
-    (Two tests with a pipeline each until 2026-12-06: docs/testing.md.)"""
+    on real actors, driven through an RLVR step with multi-turn math trajectories on the transformers engine; and
+    domain_mixer progress driving its real rollouts, before and after that step: each rollout's domain
+    probabilities are the mixer's rule applied to the groups kept per second that the previous rollouts'
+    schedulers logged (smoothed), and each domain's prompts in the batch follow them. (Three tests with a pipeline
+    each until 2026-12-06, this file's two and test_multi_turn.py's step on hf_infer: docs/testing.md.)"""
     size, group = 8, 2
     overrides = [
         *SMALL,
@@ -95,6 +96,10 @@ def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_t
         "critic={training_args: {per_device_train_batch_size: 8, gradient_accumulation_steps: 2, learning_rate: 1e-3}}",
         "rewards.math.group_filters={}",
         "rewards.code.group_filters={}",
+        # math multi-turn, code single-turn: each math trajectory takes three model turns with two tool answers
+        # between them (the tiny model never calls a tool: tests/test_multi_turn.py's Echo answers every turn)
+        "rewards.math.rollout={type: multi_turn, environment: 'tests.test_multi_turn:Echo', max_turns: 3}",
+        "infer_is_cap=2.0",  # actor_infer returns the sampled tokens' log-probs
         # strength 0.2 keeps the probabilities inside the bounds, where the smoothing shows (math's reaches the
         # ceiling only at a rate 69 times code's; measured here: 3 to 5 times, math 0.79 to 0.81)
         "domain_mixer={type: progress, floor: 0.125, ceil: 0.875, strength: 0.2, smoothing: 0.5}",
@@ -119,6 +124,16 @@ def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_t
         with_sklearn = {name: ray.get(c.workers[0].__ray_call__.remote(lambda self: "sklearn" in __import__("sys").modules))
                         for name, c in clusters.items()}
         assert with_sklearn == dict.fromkeys(clusters, False)
+        # ...and the training workers import DeepSpeed without MLflow (roll_core/lean_imports.py)
+        with_mlflow = {name: ray.get(clusters[name].workers[0].__ray_call__.remote(
+            lambda self: ("deepspeed" in __import__("sys").modules, "mlflow" in __import__("sys").modules)))
+            for name in ("actor_train", "critic")}
+        assert with_mlflow == dict.fromkeys(with_mlflow, (True, False))
+        # ...and each domain's scheduler loads its tokenizer without transformers' generation code (torch's compiler)
+        schedulers = pipeline.runtime.schedulers
+        compiled = {d: ray.get(s.__ray_call__.remote(lambda self: "torch._dynamo" in __import__("sys").modules))
+                    for d, s in schedulers.items()}
+        assert compiled == {"math": False, "code": False}
 
         before = pipeline.runtime.actor_train.call_rank0("get_weights")
         rollout = pipeline.rollout()
@@ -134,8 +149,20 @@ def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_t
         assert all(len(set(domains[g * group : (g + 1) * group])) == 1 for g in range(size))
         assert all(row_id.startswith(f"{d}-") for d, row_id in zip(domains, batch.meta["id"], strict=True))
         assert batch["group_ids"].tolist() == [g for g in range(size) for _ in range(group)]
+        # the batch holds both kinds of rows, the single-turn ones filled in: three turns and two tool calls for
+        # each math row, the tools' tokens in the sequence and out of the response mask
+        math = torch.tensor([d == "math" for d in domains])
+        assert batch["turns"][math].tolist() == [3.0] * 12 and batch["tool_calls"][math].tolist() == [2.0] * 12
+        assert batch["turns"][~math].tolist() == [1.0] * 4 and not batch["tool_mask"][~math].any()
+        assert (batch["tool_mask"][math].sum(1) > 0).all() and not (batch["tool_mask"] * batch["response_mask"]).any()
+        trajectories = dict(enumerate(batch.meta["trajectory"]))
+        assert all(len(trajectories[i]) == 5 if m else trajectories[i] is None for i, m in enumerate(math.tolist()))
         assert not pipeline.cfg.update_gives_old_log_probs
         batch = pipeline.compute_log_probs(batch)
+        # actor_train's log-probs of the sampled tokens equal the engine's (same weights), tools' tokens between
+        model_tokens = batch["response_mask"] > 0
+        gap = (batch["old_log_probs"] - batch["infer_log_probs"]).abs()[model_tokens]
+        assert float(gap.max()) < 1e-3, float(gap.max())
         batch = pipeline.compute_values(batch)
         batch, _ = pipeline.shape_rewards(batch)
         batch = pipeline.compute_advantages(batch)
@@ -143,6 +170,8 @@ def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_t
             assert batch[key].shape == batch["response_ids"].shape, key
         # actor and reference start from the same weights: their log-probs agree before any update
         assert torch.allclose(batch["old_log_probs"], batch["ref_log_probs"], atol=1e-4)
+        # the critic's values give advantages to the model's tokens and none to the tools' (out of the loss)
+        assert not batch["advantages"][batch["tool_mask"] > 0].any() and batch["advantages"][model_tokens].any()
         metrics = pipeline.train(batch)
         assert {"actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/value_loss"} <= set(metrics)
         pipeline.sync_weights()

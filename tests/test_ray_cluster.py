@@ -165,35 +165,61 @@ def _free_resources(address: str) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 def test_a_run_spans_both_nodes_checkpoints_there_and_resumes(tmp_path, tiny_model, user_cluster, mlflow_db):
+    """A run whose clusters span both nodes (actor_train's two ranks `spread`, one process group over the nodes;
+    actor_infer's two `strict_spread`, both serving; the code reward pinned to the far node), its checkpoint
+    written there by each rank, and `roll run --resume` joining the cluster to go on from it. The first run is
+    driven in this process, joined to the cluster as `roll run` joins it (ray.address), so that its workers can be
+    asked where they run; the resume is `roll run` itself. (test_multinode.py's run on two nodes of its own, merged
+    here on 2026-12-06: docs/testing.md.)"""
+    from roll_core.config import load_config
+    from roll_pipeline.driver.pipeline import RLVRPipeline
+
     out = tmp_path / "run"
     args = [
-        "run", "examples/math_code.yaml", *SMALL_RUN,
+        *SMALL_RUN,
         "max_steps=2", "save_steps=2",
         "actor_train.world_size=2", "actor_train.placement=spread",
         "actor_train.training_args.per_device_train_batch_size=16",
+        "actor_infer.world_size=2", "actor_infer.placement=strict_spread", "actor_infer.num_cpus_per_worker=0.5",
+        "actor_train.torch_threads=1", "actor_infer.torch_threads=1",  # 2 cores under 2 ranks of each
         "rewards.code.resources={far: 1}",
         f"output_dir={out}", f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ]
-    first = roll(args, user_cluster.address)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "finished 2 steps" in first.stdout
+    nodes = {user_cluster.head_id, user_cluster.far_id}
+    pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", [*args, f"ray.address={user_cluster.address}"]))
+    try:
+        pipeline.setup()
+        for cluster in (pipeline.runtime.actor_infer, pipeline.runtime.actor_train):
+            placed = cluster.node_ids()
+            assert len(placed) == 2 and set(placed) == nodes, f"{cluster.name}'s ranks share a node: {placed}"
+            # the cluster's own setting (LOCAL_RAY_SYSTEM_CONFIG, as a run's local cluster has it) reaches the
+            # node that joined: its workers run at the driver's priority, not Ray's 15
+            niceness = ray.get([w.__ray_call__.remote(lambda self: os.nice(0)) for w in cluster.workers])
+            assert niceness == [os.nice(0)] * 2, f"{cluster.name} on both nodes at the driver's priority"
+        assert pipeline.run()["steps"] == 2
+        served = [ray.get(w.batch_sizes.remote()) for w in pipeline.runtime.actor_infer.workers]
+        assert all(sum(s) > 0 for s in served), f"both actor_infer ranks serve generation: {served}"
+    finally:
+        pipeline.shutdown()
+        ray.shutdown()
     placed = json.loads((out / "placement.json").read_text())
     train = placed["workers"]["actor_train"]
     assert len(set(train)) == 2, f"actor_train's ranks share a node: {train}"  # the process group spans both
     assert placed["workers"]["reward_code"] == [user_cluster.far_id]
-    assert set(placed["nodes"]) == {user_cluster.head_id, user_cluster.far_id}
+    assert set(placed["nodes"]) == nodes
     # Each rank wrote its part of the checkpoint from its own node into output_dir (shared storage here).
     step = out / "checkpoints" / "step_2"
     assert {p.name for p in (step / "actor_train").iterdir()} >= {"rng_rank0.pt", "rng_rank1.pt", "hf_model"}
     assert (step / "pipeline_state.json").is_file() and (step / "actor_train" / "hf_model" / "config.json").is_file()
 
-    resumed = roll([*args, "max_steps=3", "--resume"], user_cluster.address)
+    resumed = roll(["run", "examples/math_code.yaml", *args, "max_steps=3", "--resume"], user_cluster.address)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming math_code from {step}" in resumed.stdout and "finished 3 steps" in resumed.stdout
     # the first validation (at step 2: none at the start here) came back with the checkpoint, and the resumed run's
     # end is paired with it
     assert "validation accuracy, step 2 against step 3 (paired by prompt):" in resumed.stdout
     assert (out / "checkpoints" / "step_3" / "pipeline_state.json").is_file()
+    assert set(json.loads((out / "placement.json").read_text())["nodes"]) == nodes
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
-"""`roll run` with actor_infer on vLLM (its CPU build, as `make install` sets up): generation, the weight sync
-after every update, validation, a checkpoint, and a resume that goes on with async rollouts and syncs by vLLM's
-weight-transfer API (weight_transport gloo).
+"""`roll run` with actor_infer on vLLM (its CPU build, as `make install` sets up): generation (math multi-turn, code
+single-turn), the weight sync after every update, validation, a checkpoint, and a resume that goes on with async
+rollouts and syncs by vLLM's weight-transfer API (weight_transport gloo).
 
 The check on the weight sync is the pipeline's own: with `infer_is_cap` set, every step logs the importance
 weights between actor_infer's log-probs of the tokens it sampled and actor_train's log-probs of the same tokens
@@ -45,6 +45,10 @@ SMALL = [
     "rewards.code.group_filters={}",
     "eval_steps=2",
     "save_steps=2",
+    # math multi-turn, code single-turn: each math trajectory takes three model turns with two tool answers between
+    # them (tests/test_multi_turn.py's Echo answers every turn), so vLLM continues each trajectory after a tool's
+    # tokens, and its log-probs of the model's tokens are held against actor_train's over the same sequences
+    "rewards.math.rollout={type: multi_turn, environment: 'tests.test_multi_turn:Echo', max_turns: 3}",
 ]
 
 
@@ -77,6 +81,10 @@ def test_a_vllm_run_syncs_weights_validates_checkpoints_and_resumes_async(tmp_pa
     # (vLLM 0.32.0's CPU build, this test's seed): see the closing figures of docs/placement.md's vLLM part.
     assert kl[2] < 1e-5 and abs(weight_max[2] - 1.0) < 1e-3, (kl, weight_max)
     assert step_metrics(uri, "val_correct/all/mean")  # validation generated on vLLM at step 0 and step 2
+    # every math trajectory took its three turns, two of them after a tool's answer, in training and in validation
+    for name in ("tool_use/math/turns", "val_domain/math/turns"):
+        assert set(step_metrics(uri, name).values()) == {3.0}, (name, step_metrics(uri, name))
+    assert set(step_metrics(uri, "tool_use/math/tool_calls").values()) == {2.0}
 
     # The resumed run syncs by vLLM's weight-transfer API instead (actor_train broadcasts to the vLLM workers over
     # gloo, the CPU twin of nccl): its first sync brings the checkpoint's weights to a vLLM started from the
