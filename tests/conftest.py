@@ -30,14 +30,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: Test files whose tests run one after another on one pytest-xdist worker, by what they share on the host: the
 #: sandbox files make orphans on purpose and look for what runs left on the host; the Ray cluster files start
-#: multi-node clusters (`ray start` nodes, a dashboard); the vLLM files each start vLLM (its ports, its threads
-#: pinned to the cores). Every other test runs beside any one of these.
+#: multi-node clusters (`ray start` nodes, a dashboard), and test_resume's side-by-side `roll run`s a Ray node each:
+#: a node's raylet gives its dashboard agent 15 s (fixed in Ray 2.60) to start and aborts after, which under one
+#: busy core happened once with test_resume's two nodes and test_ray_cluster's second one starting together; the
+#: vLLM files each start vLLM (its ports, its threads pinned to the cores). Every other test runs beside any one
+#: of these.
 SHARED_WORKER = {
     "sandbox-host": (
         "test_code_sandbox_hostile.py", "test_code_sandbox_zygote.py", "test_code_sandbox_stdio_tests.py",
         "test_environments.py",
     ),
-    "ray-nodes": ("test_multinode.py", "test_ray_cluster.py", "test_placement.py"),
+    "ray-nodes": ("test_multinode.py", "test_ray_cluster.py", "test_placement.py", "test_resume.py"),
     "vllm": (
         "test_vllm_engine.py", "test_vllm_pipeline.py", "test_vllm_strategy.py", "test_serve.py",
     ),

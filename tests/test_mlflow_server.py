@@ -21,13 +21,12 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from roll_core.config import load_config
 from roll_core.tracking.mlflow_tracker import server_reachable
 from roll_pipeline.driver.cli import main
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from roll_pipeline.driver.report import CHART_FILE, prompts_file, table_file
 from roll_pipeline.driver.significance import outcomes_from_table
-from tests.conftest import EXAMPLES, ROOT, shared_ray
+from tests.conftest import EXAMPLES, ROOT
 from tests.metric_oracles import majority, pass_at, prompt_shares, wilson_by_inversion
 from tests.test_pipeline_integration import SMALL
 from workers.rewards.math_rule import MathRuleScorer
@@ -112,14 +111,40 @@ def metric_at(client, run_id: str, key: str, step: int) -> float:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_model, mlflow_db):
     """A server and a 2-step `roll run` that validates at steps 0, 1 and 2 with k=2 sampled responses per prompt
-    and saves a checkpoint at step 2; with what the command printed."""
+    and saves a checkpoint at step 2; the server is stopped after step 1 and started again (same port, same
+    store) after step 2, so everything of step 2 (metrics, audits, the validation's tables and chart) waits in
+    the run's spool. Yields the server, a client, the run, its output_dir, what the command printed, and what
+    the outage saw (the pipeline, and the records pending while the server was down)."""
     root = tmp_path_factory.mktemp("mlflow_server")
     server = MlflowServer(root, mlflow_db)
     server.start()
+    seen: dict = {}
+    run_pipeline = RLVRPipeline.run
+
+    def run_with_outage(self, *, on_step=None, **kwargs):
+        seen["pipeline"] = self
+
+        def outage(step: int, metrics: dict[str, float]) -> None:
+            if step == 1:
+                server.stop()
+                assert not server_reachable(server.url)
+            if step == 2:
+                seen["pending_while_down"] = self.tracker.pending()
+                server.start()
+            if on_step is not None:
+                on_step(step, metrics)
+
+        summary = run_pipeline(self, on_step=outage, **kwargs)
+        seen["pending_at_end"] = self.tracker.pending()
+        return summary
+
     try:
         output_dir = root / "run"
         printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+            # MLflow's client retries a refused request for ~4 minutes by default; the spool makes that unnecessary.
+            patch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            patch.setattr(RLVRPipeline, "run", run_with_outage)  # `roll run`'s own pipeline, observed
             code = main(
                 [
                     "run",
@@ -134,19 +159,20 @@ def trained(tmp_path_factory, tiny_model, mlflow_db):
                     f"output_dir={output_dir}",
                     f"tracking.tracking_uri={server.url}",
                     "tracking.experiment_name=served",
+                    "tracking.retry_interval_s=0.5",
                 ]
             )
         assert code == 0, printed.getvalue()[-4000:]
         client = MlflowClient(server.url)
         (run,) = client.search_runs([client.get_experiment_by_name("served").experiment_id])
-        yield server, client, run, output_dir, printed.getvalue()
+        yield server, client, run, output_dir, printed.getvalue(), seen
     finally:
         server.stop()
 
 
 @pytest.mark.slow
 def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, capsys, tiny_model):
-    server, client, run, output_dir, printed = trained
+    server, client, run, output_dir, printed, _ = trained
     run_id = run.info.run_id
     assert run.info.status == "FINISHED"
     assert "finished 2 steps" in printed
@@ -261,66 +287,25 @@ def test_a_run_on_a_server_reads_back_through_the_client(trained, tmp_path, caps
 
 
 @pytest.mark.slow
-def test_server_outage_mid_run_loses_and_repeats_nothing(tmp_path, tiny_model, monkeypatch, mlflow_db):
-    """The server stops after step 1 and comes back after step 3 (same port, same store). Training goes on in
-    between, and in the end every metric of every step is stored exactly once."""
-    # MLflow's client retries a refused request for ~4 minutes by default; the spool makes that unnecessary.
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    server = MlflowServer(tmp_path, mlflow_db)
-    server.start()
-    overrides = [
-        *SMALL,
-        *SAMPLED_K2,
-        "max_steps=4",
-        "eval_steps=2",
-        f"output_dir={tmp_path / 'run'}",
-        f"tracking.tracking_uri={server.url}",
-        "tracking.experiment_name=outage",
-        "tracking.retry_interval_s=0.5",
-    ]
-    shared_ray()
-    pipeline = RLVRPipeline(load_config(EXAMPLES / "math_code.yaml", overrides))
-    seen = {}
-
-    def on_step(step: int, metrics: dict[str, float]) -> None:
-        if step == 1:
-            server.stop()
-            assert not server_reachable(server.url)
-        if step == 3:
-            seen["pending_while_down"] = pipeline.tracker.pending()
-            server.start()
-
-    try:
-        try:
-            pipeline.setup()
-            run_id = pipeline.tracker.run_id
-            pipeline.run(on_step=on_step)
-            assert pipeline.tracker.pending() == 0
-        finally:
-            pipeline.shutdown()
-        assert seen["pending_while_down"] >= 3  # steps 2 and 3, and the validation's table and chart, waited
-        client = MlflowClient(server.url)
-        run = client.get_run(run_id)
-        assert run.info.status == "FINISHED"
-        expected: dict[str, list[int]] = {}
-        for step, metrics in pipeline.loop.history.items():
-            for key, value in metrics.items():
-                if value == value:  # NaN is not logged
-                    expected.setdefault(key, []).append(step)
-        assert set(run.data.metrics) == set(expected)
-        for key, steps in expected.items():
-            stored = sorted(m.step for m in client.get_metric_history(run_id, key))
-            assert stored == sorted(steps), key  # no gap, no duplicate
-        assert sorted(expected["val_correct/all/mean"]) == [0, 2, 4]
-        assert sorted(expected["reward/all/score"]) == [1, 2, 3, 4]
-        for step in (0, 2, 4):  # tables logged before, during and after the outage, each once
-            split = json.loads(
-                Path(client.download_artifacts(run_id, table_file(step), str(tmp_path))).read_text()
-            )
-            tags = [row[split["columns"].index("tag")] for row in split["data"]]
-            assert all(tags.count(t) <= 3 for t in set(tags)), tags
-    finally:
-        server.stop()
+def test_server_outage_mid_run_loses_and_repeats_nothing(trained):
+    """The server of `trained` was down from after step 1 to after step 2. Training went on in between, and in the
+    end every metric of every step is stored exactly once (the sample tables' rows, each once, are counted in
+    test_a_run_on_a_server_reads_back_through_the_client)."""
+    server, client, run, _, _, seen = trained
+    pipeline = seen["pipeline"]
+    assert seen["pending_while_down"] >= 3  # step 2's metrics, and its validation's tables and chart, waited
+    assert seen["pending_at_end"] == 0
+    expected: dict[str, list[int]] = {}
+    for step, metrics in pipeline.loop.history.items():
+        for key, value in metrics.items():
+            if value == value:  # NaN is not logged
+                expected.setdefault(key, []).append(step)
+    assert set(run.data.metrics) == set(expected)
+    for key, steps in expected.items():
+        stored = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+        assert stored == sorted(steps), key  # no gap, no duplicate
+    assert sorted(expected["val_correct/all/mean"]) == [0, 1, 2]
+    assert sorted(expected["reward/all/score"]) == [1, 2]
 
 
 @pytest.mark.slow
@@ -335,7 +320,7 @@ def test_the_run_page_in_the_mlflow_ui_shows_the_per_tag_metrics(trained):
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and chromedriver):
         pytest.fail("Debian's chromium and chromium-driver are missing: `make browser` installs them")
-    server, _, run, _, _ = trained
+    server, _, run, _, _, _ = trained
     ARTIFACTS.mkdir(exist_ok=True)
     options = webdriver.ChromeOptions()
     options.binary_location = chromium

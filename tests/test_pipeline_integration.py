@@ -118,17 +118,20 @@ def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_t
         assert set(clusters) == {"actor_train", "actor_infer", "reference", "critic", "reward_math", "reward_code"}
         for name, cluster in clusters.items():
             assert len(cluster.workers) == 1, name
-        pids = {name: ray.get(c.workers[0].__ray_call__.remote(lambda self: __import__("os").getpid())) for name, c in clusters.items()}
-        assert len(set(pids.values())) == len(pids), "every cluster runs in its own process"
+
+        def process(self) -> tuple[int, set[str]]:  # a worker's pid, and which of three imports its process holds
+            import os
+            import sys
+
+            return os.getpid(), {m for m in ("sklearn", "deepspeed", "mlflow") if m in sys.modules}
+
+        seen = {name: ray.get(c.workers[0].__ray_call__.remote(process)) for name, c in clusters.items()}
+        assert len({pid for pid, _ in seen.values()}) == len(seen), "every cluster runs in its own process"
         # ...and imports transformers without scikit-learn (roll_core/lean_imports.py: 1.5 s of CPU a process)
-        with_sklearn = {name: ray.get(c.workers[0].__ray_call__.remote(lambda self: "sklearn" in __import__("sys").modules))
-                        for name, c in clusters.items()}
-        assert with_sklearn == dict.fromkeys(clusters, False)
+        assert {name: "sklearn" in held for name, (_, held) in seen.items()} == dict.fromkeys(clusters, False)
         # ...and the training workers import DeepSpeed without MLflow (roll_core/lean_imports.py)
-        with_mlflow = {name: ray.get(clusters[name].workers[0].__ray_call__.remote(
-            lambda self: ("deepspeed" in __import__("sys").modules, "mlflow" in __import__("sys").modules)))
-            for name in ("actor_train", "critic")}
-        assert with_mlflow == dict.fromkeys(with_mlflow, (True, False))
+        trainers = ("actor_train", "critic")
+        assert {name: seen[name][1] & {"deepspeed", "mlflow"} for name in trainers} == dict.fromkeys(trainers, {"deepspeed"})
         # ...and each domain's scheduler loads its tokenizer without transformers' generation code (torch's compiler)
         schedulers = pipeline.runtime.schedulers
         compiled = {d: ray.get(s.__ray_call__.remote(lambda self: "torch._dynamo" in __import__("sys").modules))
