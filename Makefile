@@ -154,23 +154,23 @@ sandbox-deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap libseccomp2; }
 
 # The tiny judge (served by `roll serve` in the llm_judge tests) and the policy of examples/multi_domain.yaml,
-# warmed up on math, code and open answers; copied like `make model`. Part of `test` and `test-fast`.
+# warmed up on math, code and open answers; copied like `make model`. Part of `test`, `test-profile` and `test-fast`.
 .PHONY: judge-model
-test test-fast: judge-model
+test test-fast test-profile: judge-model
 judge-model: install
 	$(BIN)/roll model build tiny-qwen2-judge tiny-qwen2-multi
 
 # The tiny reward model of examples/reward_model.yaml (tiny-qwen2's backbone with a scalar head, about 85 s to
-# build from scratch); copied like `make model`. Part of `test` and `test-fast`.
+# build from scratch); copied like `make model`. Part of `test`, `test-profile` and `test-fast`.
 .PHONY: reward-model
-test test-fast: reward-model
+test test-fast test-profile: reward-model
 reward-model: model
 	$(BIN)/roll model build tiny-qwen2-rm
 
 # The policy of examples/tool_math.yaml, warmed up to call the python tool on a share of its rows (about 7.5 min
-# to build from scratch); copied like `make model`. Part of `test` and `test-fast`.
+# to build from scratch); copied like `make model`. Part of `test`, `test-profile` and `test-fast`.
 .PHONY: tool-model
-test test-fast: tool-model
+test test-fast test-profile: tool-model
 tool-model: install
 	$(BIN)/roll model build tiny-qwen2-tool
 

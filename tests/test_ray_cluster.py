@@ -21,7 +21,7 @@ import ray
 
 from roll_core.console import EXIT_FAILED, EXIT_USAGE
 from roll_pipeline.driver.runtime import LOCAL_RAY_SYSTEM_CONFIG
-from tests.conftest import EXAMPLES, TINY_MODEL
+from tests.conftest import EXAMPLES, TINY_MODEL, stop_shared_ray
 
 #: Every test here runs on a Ray cluster of its own (nodes, fake GPUs, other sizes): the worker's shared one is
 #: stopped first (tests/conftest.py).
@@ -133,6 +133,9 @@ class Nodes:
 def user_cluster(tmp_path_factory):
     if not _can_unshare():
         pytest.fail("these tests need `unshare -m` (util-linux, root) to give the second node its own mounts")
+    # Before `own_ray` can (a module fixture is set up before a test's): a test of another file on this worker may
+    # have left this process connected to the shared cluster, and the head's `ray.init`s would fail.
+    stop_shared_ray()
     path = os.environ["PATH"]
     os.environ["PATH"] = f"{BIN}{os.pathsep}{path}"  # the cluster's processes find `roll`, as on a user's nodes
     nodes = Nodes(tmp_path_factory.mktemp("cluster"))
