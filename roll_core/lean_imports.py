@@ -33,35 +33,40 @@ in."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+#: How a module's body runs under its rule: rule(module, run_body), where run_body(module) runs the body as is.
+Rule = Callable[[ModuleType, Callable[[ModuleType], None]], None]
 
-@contextlib.contextmanager
-def _sklearn_absent_to_transformers() -> Iterator[None]:
+
+def _answering_false(name: str, module: ModuleType, run_body: Callable[[ModuleType], None]) -> None:
+    """Run the body with `transformers.utils.<name>` answering False, the true function again right after."""
     utils: Any = sys.modules["transformers.utils"]  # the module's package's parent, imported first
-    answer = utils.is_sklearn_available
-    utils.is_sklearn_available = lambda: False
+    answer = getattr(utils, name)
+    setattr(utils, name, lambda: False)
     try:
-        yield
+        run_body(module)
     finally:
-        utils.is_sklearn_available = answer
+        setattr(utils, name, answer)
 
 
-@contextlib.contextmanager
-def _mlflow_unimportable() -> Iterator[None]:
+def _sklearn_absent_to_transformers(module: ModuleType, run_body: Callable[[ModuleType], None]) -> None:
+    _answering_false("is_sklearn_available", module, run_body)
+
+
+def _mlflow_unimportable(module: ModuleType, run_body: Callable[[ModuleType], None]) -> None:
     if "mlflow" in sys.modules:  # imported already (or marked by someone else): nothing to save
-        yield
+        run_body(module)
         return
     sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ModuleNotFoundError
     try:
-        yield
+        run_body(module)
     finally:
         if sys.modules.get("mlflow", ...) is None:
             del sys.modules["mlflow"]
@@ -79,14 +84,9 @@ def _auto_factory_without_generation(module: ModuleType, run_body: Callable[[Mod
     # What the body imports, imported first, so that no module but this one binds the answer below.
     for name in AUTO_FACTORY_IMPORTS:
         importlib.import_module(name)
-    utils: Any = sys.modules["transformers.utils"]
-    is_torch_available = utils.is_torch_available
-    utils.is_torch_available = lambda: False  # the body binds this name: `from ...utils import is_torch_available`
-    try:
-        run_body(module)
-    finally:
-        utils.is_torch_available = is_torch_available
-    module.is_torch_available = is_torch_available
+    # the body binds this name (`from ...utils import is_torch_available`): afterwards it is the true one again
+    _answering_false("is_torch_available", module, run_body)
+    module.is_torch_available = sys.modules["transformers.utils"].is_torch_available  # type: ignore[attr-defined]
     add_mixin = module.add_generation_mixin_to_remote_model
 
     def add_generation_mixin_to_remote_model(model_class: Any) -> Any:
@@ -99,18 +99,10 @@ def _auto_factory_without_generation(module: ModuleType, run_body: Callable[[Mod
     module.add_generation_mixin_to_remote_model = add_generation_mixin_to_remote_model  # type: ignore[attr-defined]
 
 
-def _around(rule: Callable[[], contextlib.AbstractContextManager[None]]) -> Callable[..., None]:
-    def run(module: ModuleType, run_body: Callable[[ModuleType], None]) -> None:
-        with rule():
-            run_body(module)
-
-    return run
-
-
-#: Module -> how its body runs: run(module, run_body).
-RULES: dict[str, Callable[[ModuleType, Callable[[ModuleType], None]], None]] = {
-    "transformers.generation.candidate_generator": _around(_sklearn_absent_to_transformers),
-    "deepspeed.autotuning.autotuner": _around(_mlflow_unimportable),
+#: Module -> the rule its body runs under.
+RULES: dict[str, Rule] = {
+    "transformers.generation.candidate_generator": _sklearn_absent_to_transformers,
+    "deepspeed.autotuning.autotuner": _mlflow_unimportable,
     "transformers.models.auto.auto_factory": _auto_factory_without_generation,
 }
 
