@@ -101,6 +101,9 @@ def config(tmp_path: Path, tiny_model: Path, variant: str = "sync") -> Path:
     return path
 
 
+RAY_AGENTS = {"ray::DashboardAgent", "ray::RuntimeEnvAgent"}
+
+
 def roll_run(cfg: Path, out: Path, *extra: str, **popen) -> subprocess.Popen:
     argv = [
         sys.executable, "-m", "roll_pipeline.driver.cli", "run", str(cfg),
@@ -109,6 +112,30 @@ def roll_run(cfg: Path, out: Path, *extra: str, **popen) -> subprocess.Popen:
     log = open(f"{out}.log", "ab")  # noqa: SIM115 (the child holds it)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # Ray's workers import this tree too
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, **popen)
+
+
+def ray_is_up(proc: subprocess.Popen, timeout_s: float = 600) -> None:
+    """Wait until the run's Ray node is up: a worker of it runs (the raylet starts its workers once its agents have
+    reported their ports, the step that fails when two nodes start at once on a busy machine)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(
+        name.startswith("ray::") and name not in RAY_AGENTS for name in map(process_name, descendants(proc))
+    ):
+        assert proc.poll() is None, "the run ended before its Ray node was up"
+        assert time.monotonic() < deadline, "the run's Ray node was not up in time"
+        time.sleep(0.2)
+
+
+def descendants(proc: subprocess.Popen) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(proc.pid).children(recursive=True)
+    return []
+
+
+def process_name(p: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return p.name()
+    return ""
 
 
 def finish(proc: subprocess.Popen, out: Path, timeout_s: float = 600) -> None:
@@ -164,9 +191,12 @@ def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(variant, tmp_pa
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     for out in (straight, crashed):  # roll_run's stores, made new and empty
         mlflow_db(Path(f"{out}.db"))
-    # The uninterrupted run and the one to kill go side by side (each is deterministic, whatever the timing).
+    # The uninterrupted run and the one to kill go side by side (each is deterministic, whatever the timing), the
+    # second started once the first one's Ray node is up: two nodes starting at once on a busy 2-core machine once
+    # kept one's dashboard agent past the raylet's fixed 15 s (roll_pipeline/distributed/starting.py).
     uninterrupted = roll_run(cfg, straight)
     try:
+        ray_is_up(uninterrupted)
         # The same run, killed (the whole process tree) soon after a checkpoint that is not the last one, chosen at
         # random. The moment follows the run's own progress, not the clock: a fixed 0-3 s after the first checkpoint
         # once came after the last one on a fast machine (6 steps in under 3 s), leaving nothing to resume. After

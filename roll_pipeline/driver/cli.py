@@ -35,6 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from roll_pipeline.distributed.fit import RunDoesNotFit
     from roll_pipeline.distributed.joining import RayJoinError
+    from roll_pipeline.distributed.starting import RayStartError
     from roll_pipeline.distributed.waiting import ActorStartFailed, ActorStartTimeout
     from roll_pipeline.driver.pipeline import RLVRPipeline
     from roll_pipeline.driver.runtime import WorkerDiedError
@@ -68,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 bar.update(1)
 
             summary = pipeline.run(on_step=on_step)
-    except (WorkerDiedError, RayJoinError, RunDoesNotFit, ActorStartTimeout, ActorStartFailed) as exc:
+    except (WorkerDiedError, RayJoinError, RayStartError, RunDoesNotFit, ActorStartTimeout, ActorStartFailed) as exc:
         error(str(exc))
         return EXIT_FAILED
     finally:

@@ -18,6 +18,7 @@ from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.distributed.fit import check_fit, run_actors, total
 from roll_pipeline.distributed.joining import join_ray
 from roll_pipeline.distributed.placement import DevicePool, plan_for, start_stages
+from roll_pipeline.distributed.starting import init_local_ray
 from roll_pipeline.distributed.waiting import wait_for, wait_started
 from roll_pipeline.driver.checkpoint import checkpoint_root, latest_checkpoint
 
@@ -94,8 +95,10 @@ def ray_address(cfg: PipelineConfig) -> str | None:
 
 def start_local_ray(num_cpus: int, *, num_gpus: int | None = None, log_to_driver: bool = True) -> None:
     """A Ray cluster of this process's own (address "local": even when another one, `ray start`, runs on the
-    machine) with LOCAL_RAY_SYSTEM_CONFIG; a run's and every test's local cluster start here."""
-    ray.init(
+    machine) with LOCAL_RAY_SYSTEM_CONFIG; a run's and every test's local cluster start here. A node that did not
+    register in time (its raylet aborted beside a slow dashboard agent, on a busy machine) is started again:
+    init_local_ray."""
+    init_local_ray(
         address="local",
         num_cpus=num_cpus,
         num_gpus=num_gpus,
