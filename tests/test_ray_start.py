@@ -43,6 +43,8 @@ ray.shutdown()
 
 @pytest.mark.slow
 def test_a_node_whose_agent_missed_the_raylets_wait_is_started_again_without_leftovers(tmp_path):
+    """Its own Ray node in a subprocess of its own (the sitecustomize must be on the path of the process that
+    starts Ray, and of the agent): about 35 s, most of it waiting (the held agent 20 s, node.py's 30 s)."""
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(SLOW_FIRST_AGENT))
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "SLOW_AGENT_MARKER": str(tmp_path / "held")}
     done = subprocess.run([sys.executable, "-c", START_AND_REPORT], env=env, cwd=ROOT, capture_output=True,
