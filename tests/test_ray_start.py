@@ -34,7 +34,8 @@ import json, psutil, ray
 from roll_pipeline.driver.runtime import start_local_ray
 start_local_ray(1, log_to_driver=False)
 answer = ray.get(ray.remote(lambda: 42).remote())
-sessions = [" ".join(p.cmdline()) for p in psutil.process_iter() if p.pid != psutil.Process().pid]
+# process_iter answers None for a process it may not read: a zombie anywhere on the machine, or another user's
+sessions = [" ".join(p.info["cmdline"] or ()) for p in psutil.process_iter(["cmdline"]) if p.pid != psutil.Process().pid]
 print(json.dumps({"answer": answer, "log_dir": ray._private.worker._global_node.get_logs_dir_path(),
                   "cmdlines": sessions}))
 ray.shutdown()
