@@ -80,7 +80,7 @@ def test_hf_inference_sleeps_in_cpu_memory_and_wakes_on_its_device_for_the_next_
     assert moves == ["cpu"] and strategy.asleep
     batch = Batch({"prompt_ids": torch.ones(1, 2, dtype=torch.long), "prompt_mask": torch.ones(1, 2),
                    "response_ids": torch.ones(1, 2, dtype=torch.long), "response_mask": torch.ones(1, 2)})
-    monkeypatch.setattr("workers.strategies.hf_infer.batched_log_probs", lambda *a: moves.append("forward"))
+    monkeypatch.setattr("workers.strategies.hf_infer.log_probs_in_micro_batches", lambda *a: moves.append("forward"))
     strategy.log_probs(batch, None)
     assert moves == ["cpu", "meta", "forward"] and not strategy.asleep
 

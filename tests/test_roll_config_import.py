@@ -256,3 +256,31 @@ def test_rolls_own_rlvr_yamls_import_and_dry_run_or_stop(tmp_path, capsys):
             continue
         cfg = yaml.safe_load(out.read_text())
         dry_run(out, cfg, tmp_path / str(i), capsys)
+
+
+def test_rolls_dynamic_batching_of_the_log_prob_passes_becomes_their_token_budget(tmp_path):
+    from roll_pipeline.roll_import.writing import checked_config
+
+    tree = yaml.safe_load((FIXTURES / "lora.yaml").read_text())
+    for key in ("lora_target", "lora_rank", "lora_alpha"):
+        del tree["actor_train"]["model_args"][key], tree["actor_infer"]["model_args"][key]
+    for section in ("actor_train", "reference", "actor_infer"):
+        tree.setdefault(section, {}).update(
+            use_dynamic_batching_in_infer=True, max_tokens_per_microbatch_in_infer=8192,
+            use_dynamic_batching_in_train=True, max_tokens_per_microbatch_in_train=8192,
+        )
+    tree["reference"]["max_tokens_per_microbatch_in_infer"] = 4096
+    source = tmp_path / "dynamic.yaml"
+    source.write_text(yaml.safe_dump(tree))
+    result = checked_config(source, [])
+    assert result.problems is None and not result.report.unsupported
+    assert result.config["actor_train"]["infer_max_tokens_per_microbatch"] == 8192
+    assert result.config["reference"]["infer_max_tokens_per_microbatch"] == 4096
+    assert "infer_max_tokens_per_microbatch" not in result.config["actor_infer"]
+    mapped = dict(result.report.mapped)
+    assert mapped["reference.max_tokens_per_microbatch_in_infer"].startswith("reference.infer_max_tokens_per_microbatch: 4096")
+    assert "nothing here" in mapped["actor_infer.max_tokens_per_microbatch_in_infer"]
+    # ROLL's flag off: its budget is not used there, nor here
+    tree["reference"]["use_dynamic_batching_in_infer"] = False
+    source.write_text(yaml.safe_dump(tree))
+    assert "infer_max_tokens_per_microbatch" not in checked_config(source, []).config["reference"]

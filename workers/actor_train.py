@@ -10,7 +10,8 @@ from torch import nn
 from roll_core.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import PipelineConfig
-from roll_core.models.forward import batched_log_probs, log_probs_from_logits, response_logits
+from roll_core.models.forward import log_probs_from_logits, response_logits
+from roll_core.models.microbatches import log_probs_in_micro_batches
 from roll_core.models.sampling import SamplingDistribution
 from workers.base import release_free_memory
 from workers.strategies.loading import load_causal_lm
@@ -92,7 +93,12 @@ class ActorTrainWorker(TrainedWorker):
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="actor_train.compute_log_probs")
         self.on_device()
         self.strategy.module.eval()
-        return batched_log_probs(self.strategy.module, batch, self.section.infer_batch_size, self.sampling)
+        return log_probs_in_micro_batches(self.strategy.module, batch, *self.forward_micro_batches)
+
+    @property
+    def forward_micro_batches(self) -> tuple[int, SamplingDistribution, int | None]:
+        """log_probs_in_micro_batches' micro-batch size, sampling distribution and token budget for this section."""
+        return self.section.infer_batch_size, self.sampling, self.section.infer_max_tokens_per_microbatch
 
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
         """The reference's log-probs where the policy trains LoRA adapters: the base model is the reference, so they
@@ -106,7 +112,7 @@ class ActorTrainWorker(TrainedWorker):
         model = self.strategy.module
         model.eval()
         with model.disable_adapter():
-            return batched_log_probs(model, batch, self.section.infer_batch_size, self.sampling)
+            return log_probs_in_micro_batches(model, batch, *self.forward_micro_batches)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over this rank's shard in mini-batches; returns averaged metrics."""

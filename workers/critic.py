@@ -9,7 +9,8 @@ from roll_core.algorithms import aggregate_loss
 from roll_core.algorithms.value import clipped_value_loss
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import PipelineConfig
-from roll_core.models.forward import batched_values, response_values
+from roll_core.models.forward import response_values
+from roll_core.models.microbatches import values_in_micro_batches
 from workers.strategies.loading import load_value_model
 from workers.strategies.lora import TOKEN_CLS, with_lora
 from workers.training import TrainedWorker, loss_scale
@@ -43,7 +44,9 @@ class CriticWorker(TrainedWorker):
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="critic.compute_values")
         self.on_device()
         self.strategy.module.eval()
-        return batched_values(self.strategy.module, batch, self.section.infer_batch_size)
+        return values_in_micro_batches(
+            self.strategy.module, batch, self.section.infer_batch_size, self.section.infer_max_tokens_per_microbatch
+        )
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         batch.require("values", "returns", "response_mask", "in_loss", where="critic.train_step")

@@ -184,6 +184,12 @@ class ClusterConfig:
     """torch intra-op threads per worker; the stages run one after another, so each may use the whole box."""
     infer_batch_size: int = 32
     """Micro-batch size for forward passes that need no gradient (log-probs, values)."""
+    infer_max_tokens_per_microbatch: int | None = None
+    """Cut those forward passes' micro-batches by tokens instead (ROLL's max_tokens_per_microbatch_in_infer with
+    use_dynamic_batching_in_infer, verl's log_prob_max_token_len_per_gpu): rows longest first, each micro-batch
+    padded only to its own longest prompt and response and holding at most this many tokens, padding included; a
+    row longer than it runs alone. Must hold one row of data.prompt_length + max_new_tokens (checked at load).
+    None: infer_batch_size rows at a time, padded to the batch's longest row."""
     placement: Literal["default", "pack", "spread", "strict_spread"] = "default"
     """Where the workers go. `default`: wherever Ray finds their resources. The others reserve one placement-group
     bundle per worker (all workers start together or not at all): `pack` on as few nodes as possible (colocated
@@ -206,6 +212,8 @@ class ClusterConfig:
             yield "torch_threads", "must be >= 1"
         if self.infer_batch_size < 1:
             yield "infer_batch_size", "must be >= 1"
+        if self.infer_max_tokens_per_microbatch is not None and self.infer_max_tokens_per_microbatch < 1:
+            yield "infer_max_tokens_per_microbatch", "must be >= 1 (or null: infer_batch_size rows at a time)"
         yield from custom_resource_problems(self.resources)
         if self.device_mapping is not None:
             yield from self._validate_device_mapping()

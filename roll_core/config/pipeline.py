@@ -195,6 +195,7 @@ class PipelineConfig:
             yield "ppo_epochs", "must be >= 1"
         yield from self._validate_algorithms()
         yield from self._validate_batch_division()
+        yield from self._validate_token_budgets()
         yield from self._validate_lora()
         yield from self._validate_weight_transport()
 
@@ -440,6 +441,20 @@ class PipelineConfig:
                         f"gives domain {domain!r} 0 of rollout_batch_size={self.rollout_batch_size} prompts; "
                         "raise its probability or the batch size",
                     )
+
+    def _validate_token_budgets(self) -> Iterator[tuple[str, str]]:
+        """A token budget per micro-batch must hold one row of the longest a single-turn rollout makes."""
+        row = self.data.prompt_length + self.actor_infer.generating_args.max_new_tokens
+        for name in ("actor_train", "actor_infer", "reference", "critic"):
+            section = getattr(self, name)
+            budget = None if section is None else section.infer_max_tokens_per_microbatch
+            if budget is not None and budget < row:
+                yield (
+                    f"{name}.infer_max_tokens_per_microbatch",
+                    f"{budget} tokens cannot hold one row: data.prompt_length + actor_infer.generating_args."
+                    f"max_new_tokens = {self.data.prompt_length} + {self.actor_infer.generating_args.max_new_tokens}"
+                    f" = {row} tokens",
+                )
 
     def _validate_batch_division(self) -> Iterator[tuple[str, str]]:
         samples = self.samples_per_step

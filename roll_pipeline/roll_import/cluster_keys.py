@@ -28,7 +28,8 @@ SPEED_ONLY = {
     "wrap_policy", "ep_size", "efsdp_size", "overlap_param_gather",
 }
 
-#: Section keys about batching, padding and buffers: how the work is cut, not what is computed.
+#: Section keys about batching, padding and buffers: how the work is cut, not what is computed (but for the token
+#: budget of the forward passes without gradient, which _forward_token_budget maps first).
 SECTION_SPEED_ONLY = (
     "offload_nccl", "use_remove_padding", "use_dynamic_batching_in_train", "use_dynamic_batching_in_infer",
     "max_tokens_per_microbatch_in_train", "max_tokens_per_microbatch_in_infer", "sequence_length_round_in_train",
@@ -82,6 +83,7 @@ def _cluster(imp: Importer, sec: str) -> None:
     src = imp.src
     trains = sec in ("actor_train", "critic")
     _model_args(imp, sec, trains)
+    _forward_token_budget(imp, sec)
     for key in SECTION_SPEED_ONLY:
         imp.dropped(f"{sec}.{key}", "how the work is batched or buffered, not what is computed")
     worker = src.get(f"{sec}.worker_cls")
@@ -106,6 +108,20 @@ def _cluster(imp: Importer, sec: str) -> None:
         _infer_strategy(imp, sec, gpus_per)
     else:
         _reference_strategy(imp, sec)
+
+
+def _forward_token_budget(imp: Importer, sec: str) -> None:
+    """ROLL's dynamic batching of a cluster's forward passes without gradient (log-probs, values): its token budget
+    per micro-batch is infer_max_tokens_per_microbatch here (on a GPU it decides whether a long-tailed batch fits in
+    memory). actor_infer's generation is the engine's to batch: its keys are dropped with the others."""
+    if sec == "actor_infer" or not imp.src.get(f"{sec}.use_dynamic_batching_in_infer"):
+        return
+    budget = imp.src.get(f"{sec}.max_tokens_per_microbatch_in_infer")
+    if budget is None:
+        return
+    imp.mapped(f"{sec}.max_tokens_per_microbatch_in_infer", f"{sec}.infer_max_tokens_per_microbatch", budget,
+               "rows longest first; a micro-batch's tokens counted with its padding")
+    imp.part_of(f"{sec}.use_dynamic_batching_in_infer", f"{sec}.infer_max_tokens_per_microbatch")
 
 
 def _pg_variant(imp: Importer, worker: str) -> None:

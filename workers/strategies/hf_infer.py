@@ -10,7 +10,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from roll_core.config import ClusterConfig, GeneratingArgs
 from roll_core.config.clusters import LoraArgs
-from roll_core.models.forward import batched_log_probs
+from roll_core.models.microbatches import log_probs_in_micro_batches
 from roll_core.models.sampling import SamplingDistribution
 from workers.devices import worker_device
 from workers.strategies.loading import eos_token_ids, load_causal_lm, load_tokenizer
@@ -283,7 +283,9 @@ class HFInferStrategy:
 
     def log_probs(self, batch, sampling: SamplingDistribution) -> torch.Tensor:
         self.wake_up()
-        return batched_log_probs(self.model, batch, self.config.infer_batch_size, sampling)
+        return log_probs_in_micro_batches(
+            self.model, batch, self.config.infer_batch_size, sampling, self.config.infer_max_tokens_per_microbatch
+        )
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         if self.lora is not None:  # the adapters alone: the base weights never change
