@@ -14,10 +14,15 @@ from roll_core.batch import Batch
 from roll_core.config import ConfigError
 from roll_core.models.forward import FULL_SOFTMAX, batched_log_probs, batched_values
 from roll_core.models.microbatches import (
+    budget_plan,
+    by_token_budget,
+    cut,
     log_probs_in_micro_batches,
     over_budget,
+    prompt_groups,
     row_lengths,
     token_budget_plan,
+    tokens_run,
     trimmed,
     values_in_micro_batches,
 )
@@ -45,6 +50,19 @@ def test_every_row_runs_once_and_no_micro_batch_passes_the_budget_but_a_long_row
     # greedy: the first row of the next micro-batch would have taken this one past the budget
     for rows, after in itertools.pairwise(plan):
         assert padded_size([*rows, after[0]], prompt, response) > budget
+    # by prompt groups: every group's rows next to each other, the same properties
+    groups = [rng.randrange(max(n // 4, 1)) for _ in range(n)]
+    grouped = token_budget_plan(prompt, response, budget, groups=groups)
+    order = [i for rows in grouped for i in rows]
+    assert sorted(order) == list(range(n))
+    runs = [g for g, _ in itertools.groupby(groups[i] for i in order)]
+    assert len(runs) == len(set(groups)), "a group's rows are not together"
+    assert all(padded_size(rows, prompt, response) <= budget or len(rows) == 1 for rows in grouped)
+    # at least k micro-batches (as many as another rank runs): still within the budget, every row once
+    k = rng.randint(1, n)
+    more = token_budget_plan(prompt, response, budget, at_least=k, groups=groups)
+    assert len(more) >= k and sorted(i for rows in more for i in rows) == list(range(n))
+    assert all(padded_size(rows, prompt, response) <= budget or len(rows) == 1 for rows in more)
 
 
 def test_rows_go_longest_first_and_a_short_tail_shares_a_micro_batch():
@@ -57,6 +75,106 @@ def test_rows_go_longest_first_and_a_short_tail_shares_a_micro_batch():
     assert over_budget(prompt, response, 50) == 1
     with pytest.raises(ValueError, match="max_tokens must be >= 1"):
         token_budget_plan(prompt, response, 0)
+    with pytest.raises(ValueError, match="cannot cut 5 rows into at least 6 micro-batches"):
+        token_budget_plan(prompt, response, 100, at_least=6)
+
+
+def test_a_prompts_rows_stay_together_and_groups_go_by_their_longest_row():
+    #            0   1   2   3   4   5
+    prompt = [10, 10, 10, 10, 10, 10]
+    response = [2, 90, 3, 40, 1, 5]
+    groups = [0, 1, 0, 1, 2, 2]  # group 1's longest is 100, group 0's 13, group 2's 15
+    assert token_budget_plan(prompt, response, 1000, groups=groups) == [[1, 3, 5, 4, 2, 0]]
+    # the order is a prompt's rows together; the cuts are where the budget falls (row 5 fits beside row 3)
+    assert token_budget_plan(prompt, response, 100, groups=groups) == [[1], [3, 5], [4, 2, 0]]
+    # another rank runs 4: the micro-batch of most rows is halved, its longer rows first
+    assert token_budget_plan(prompt, response, 100, at_least=4, groups=groups) == [[1], [3, 5], [4, 2], [0]]
+
+
+def test_the_plan_that_runs_fewer_tokens_wins_a_prompt_run_once_against_the_padding():
+    groups = [0, 0, 0, 0, 1, 1, 1, 1]
+    response = [50, 10, 50, 10, 50, 10, 50, 10]
+    long_prompts, short_prompts = [100] * 8, [10] * 8
+    # by length: [[0, 2, 4, 6], [1, 3, 5, 7]], two prompts of two rows in each, each prompt run once per micro-batch
+    # (2 x 100 + 4 x 50) + (2 x 100 + 4 x 10) = 640; together: [[0, 2, 1, 3], [4, 6, 5, 7]], one prompt in each,
+    # 2 x (100 + 4 x 50) = 600
+    by_length, together = [[0, 2, 4, 6], [1, 3, 5, 7]], [[0, 2, 1, 3], [4, 6, 5, 7]]
+    assert token_budget_plan(long_prompts, response, 600) == by_length
+    assert token_budget_plan(long_prompts, response, 600, groups=groups) == together
+    assert tokens_run(by_length, long_prompts, response, groups) == 640
+    assert tokens_run(together, long_prompts, response, groups) == 600
+    assert budget_plan(long_prompts, response, 600, groups) == together
+    # short prompts (rows of 60 tokens, 4 in a budget of 240): the same two plans, by length runs 280 tokens,
+    # together 420
+    assert token_budget_plan(short_prompts, response, 240, groups=groups) == together
+    assert tokens_run(by_length, short_prompts, response, groups) == 280
+    assert tokens_run(together, short_prompts, response, groups) == 420
+    assert budget_plan(short_prompts, response, 240, groups) == by_length
+    # a forward that does not share prompts (the critic's): by length, whatever the prompts
+    assert budget_plan(long_prompts, response, 600, None) == by_length
+    # fewer than SHARE_FROM rows a prompt: every row runs its prompt
+    assert tokens_run([[0, 4, 1]], long_prompts, response, groups) == 3 * 100 + 3 * 50
+
+
+def test_the_plans_edges():
+    # a budget of one token: every row alone; as many micro-batches as rows may be asked for, not more, not 0
+    assert token_budget_plan([1, 1], [0, 0], 1) == [[0], [1]]
+    assert token_budget_plan([3, 1, 2], [0, 0, 0], 100, at_least=3) == [[0], [2], [1]]
+    for rows, at_least in ((1, 2), (3, 0)):
+        with pytest.raises(ValueError, match="cannot cut"):
+            token_budget_plan([1] * rows, [1] * rows, 100, at_least=at_least)
+    # rows without response tokens fill the budget exactly: no column counted that is not there
+    assert token_budget_plan([2, 2], [0, 0], 4) == [[0, 1]]
+    # the order is by prompt + response: 5 + 2 before 3 + 3
+    assert token_budget_plan([3, 5], [3, 2], 100) == [[1, 0]]
+    with pytest.raises(ValueError):
+        token_budget_plan([1, 2], [1], 100)
+    with pytest.raises(ValueError):
+        over_budget([1, 2], [1], 100)
+    # tokens_run: one prompt of two rows runs once; three prompts of two rows each run once each
+    assert tokens_run([[0, 1]], [100, 100], [5, 5], [0, 0]) == 100 + 2 * 5
+    assert tokens_run([[0, 1, 2, 3, 4, 5]], [100] * 6, [5] * 6, [0, 0, 1, 1, 2, 2]) == 3 * 100 + 6 * 5
+
+
+def test_cut_trims_each_micro_batch_and_keeps_a_column_where_its_rows_have_none():
+    batch = Batch({
+        "prompt_ids": torch.tensor([[0, 0, 7], [0, 6, 7], [0, 0, 0]]),
+        "prompt_mask": torch.tensor([[0, 0, 1], [0, 1, 1], [0, 0, 0]]),
+        "response_ids": torch.tensor([[5, 0, 0], [5, 5, 0], [0, 0, 0]]),
+        "response_mask": torch.tensor([[1.0, 0, 0], [1, 1, 0], [0, 0, 0]]),
+    })
+    shapes = [(m["prompt_ids"].shape[1], m["response_ids"].shape[1]) for m in cut(batch, [[0], [1], [2]])]
+    assert shapes == [(1, 1), (2, 2), (1, 1)]
+
+
+def test_a_forward_that_shares_prompts_gets_a_prompts_rows_together_where_that_runs_fewer_tokens():
+    """by_token_budget's micro-batches, as `run` sees them: the plan of test_the_plan_that_runs_fewer_tokens_...
+    with long prompts (two prompts of 100 tokens, four responses each)."""
+    prompt_ids = torch.cat([torch.full((4, 100), 7), torch.full((4, 100), 8)])
+    response_mask = torch.zeros(8, 50)
+    for i, r in enumerate([50, 10] * 4):
+        response_mask[i, :r] = 1
+    batch = Batch({"prompt_ids": prompt_ids, "prompt_mask": torch.ones(8, 100, dtype=torch.long),
+                   "response_ids": response_mask.long() * 5, "response_mask": response_mask})
+    seen: list[int] = []
+
+    def run(micro: Batch) -> torch.Tensor:
+        seen.append(len(set(micro["prompt_ids"][:, 0].tolist())))  # distinct prompts in the micro-batch
+        return torch.zeros(len(micro), micro["response_ids"].shape[1])
+
+    by_token_budget(batch, 600, run, shares_prompts=True)
+    assert seen == [1, 1]  # each prompt's four rows together
+    seen.clear()
+    by_token_budget(batch, 600, run)  # by length: the long responses of both prompts, then the short ones
+    assert seen == [2, 2]
+
+
+def test_prompt_groups_number_equal_prompts_by_first_appearance():
+    batch = Batch({
+        "prompt_ids": torch.tensor([[0, 7, 8], [5, 7, 8], [0, 7, 8], [0, 0, 8], [5, 7, 8]]),
+        "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [0, 0, 1], [1, 1, 1]]),
+    })
+    assert prompt_groups(batch) == [0, 1, 0, 2, 1]
 
 
 def long_tailed_batch(rows: int = 12, seed: int = 0) -> Batch:

@@ -38,6 +38,9 @@ class Recording:
     def backward(self, loss) -> None:
         pass
 
+    def set_boundary(self, last: bool) -> None:
+        pass
+
     def step(self) -> None:
         pass
 
@@ -61,7 +64,11 @@ def test_a_trained_worker_offloads_only_when_its_section_says_so_and_reloads_bef
     worker = Worker(pipeline_config=cfg, total_optimizer_steps=1, name="t", rank=0, world_size=1)
     worker.strategy = Recording()
     worker.offload_states()
-    worker.train_loop(Batch({"response_mask": torch.ones(4, 2), "in_loss": torch.ones(4)}))
+    worker.train_loop(
+        Batch({"prompt_ids": torch.ones(4, 1, dtype=torch.long), "prompt_mask": torch.ones(4, 1),
+               "response_ids": torch.ones(4, 2, dtype=torch.long), "response_mask": torch.ones(4, 2),
+               "in_loss": torch.ones(4)})
+    )
     assert worker.strategy.moves == (["offload", "reload"] if offload else ["reload"])
 
 

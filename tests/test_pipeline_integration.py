@@ -93,7 +93,9 @@ def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_t
         "use_kl_loss=true",
         "kl_loss_coef=0.01",
         "adv_estimator=gae",
-        "critic={training_args: {per_device_train_batch_size: 8, gradient_accumulation_steps: 2, learning_rate: 1e-3}}",
+        # the critic's micro-batches cut by tokens (roll_core/models/microbatches.py), actor_train's by rows
+        "critic={training_args: {per_device_train_batch_size: 8, gradient_accumulation_steps: 2, learning_rate: 1e-3,"
+        " max_tokens_per_microbatch: 320}}",
         "rewards.math.group_filters={}",
         "rewards.code.group_filters={}",
         # math multi-turn, code single-turn: each math trajectory takes three model turns with two tool answers
@@ -177,6 +179,9 @@ def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_t
         assert not batch["advantages"][batch["tool_mask"] > 0].any() and batch["advantages"][model_tokens].any()
         metrics = pipeline.train(batch)
         assert {"actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/value_loss"} <= set(metrics)
+        # each of the critic's micro-batches padded to its own rows, actor_train's to the batch's widths
+        assert 0 < metrics["critic/pad_frac"] < metrics["actor/pad_frac"] < 1, metrics
+        assert "critic/rows_over_token_budget" in metrics and "actor/rows_over_token_budget" not in metrics
         pipeline.sync_weights()
         after = pipeline.runtime.actor_train.call_rank0("get_weights")
         assert any(not torch.equal(before[k], after[k]) for k in before), "the policy's parameters changed"

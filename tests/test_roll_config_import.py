@@ -258,7 +258,7 @@ def test_rolls_own_rlvr_yamls_import_and_dry_run_or_stop(tmp_path, capsys):
         dry_run(out, cfg, tmp_path / str(i), capsys)
 
 
-def test_rolls_dynamic_batching_of_the_log_prob_passes_becomes_their_token_budget(tmp_path):
+def test_rolls_dynamic_batching_of_the_log_prob_passes_and_the_train_step_becomes_their_token_budgets(tmp_path):
     from roll_pipeline.roll_import.writing import checked_config
 
     tree = yaml.safe_load((FIXTURES / "lora.yaml").read_text())
@@ -277,10 +277,17 @@ def test_rolls_dynamic_batching_of_the_log_prob_passes_becomes_their_token_budge
     assert result.config["actor_train"]["infer_max_tokens_per_microbatch"] == 8192
     assert result.config["reference"]["infer_max_tokens_per_microbatch"] == 4096
     assert "infer_max_tokens_per_microbatch" not in result.config["actor_infer"]
+    assert result.config["actor_train"]["training_args"]["max_tokens_per_microbatch"] == 8192
+    assert "training_args" not in result.config["reference"]
     mapped = dict(result.report.mapped)
+    assert mapped["actor_train.max_tokens_per_microbatch_in_train"].startswith(
+        "actor_train.training_args.max_tokens_per_microbatch: 8192")
     assert mapped["reference.max_tokens_per_microbatch_in_infer"].startswith("reference.infer_max_tokens_per_microbatch: 4096")
     assert "nothing here" in mapped["actor_infer.max_tokens_per_microbatch_in_infer"]
     # ROLL's flag off: its budget is not used there, nor here
     tree["reference"]["use_dynamic_batching_in_infer"] = False
+    tree["actor_train"]["use_dynamic_batching_in_train"] = False
     source.write_text(yaml.safe_dump(tree))
-    assert "infer_max_tokens_per_microbatch" not in checked_config(source, []).config["reference"]
+    config = checked_config(source, []).config
+    assert "infer_max_tokens_per_microbatch" not in config["reference"]
+    assert "max_tokens_per_microbatch" not in config["actor_train"].get("training_args", {})

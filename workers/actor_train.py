@@ -10,7 +10,7 @@ from torch import nn
 from roll_core.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import PipelineConfig
-from roll_core.models.forward import log_probs_from_logits, response_logits
+from roll_core.models.forward import can_share_prompts, log_probs_from_logits, response_logits
 from roll_core.models.microbatches import log_probs_in_micro_batches
 from roll_core.models.sampling import SamplingDistribution
 from workers.base import release_free_memory
@@ -154,6 +154,10 @@ class ActorTrainWorker(TrainedWorker):
             own = micro["own_old_log_probs"].bool().unsqueeze(-1)
             micro = micro.update({"old_log_probs": torch.where(own, log_probs.detach(), micro["old_log_probs"])})
         return policy_objective(log_probs, entropy, micro, self.cfg, norm, token_norm)
+
+    @property
+    def shares_prompts(self) -> bool:
+        return can_share_prompts(self.strategy.engine)
 
     def per_minibatch(self) -> dict[str, float]:
         return super().per_minibatch() | {"lr": self.strategy.lr()}

@@ -14,6 +14,7 @@ from torch import nn
 from roll_core.algorithms import batch_normalizer
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import PipelineConfig
+from roll_core.models.microbatches import budget_plan, cut, over_budget, padding, prompt_groups, row_lengths
 from workers.base import Worker
 from workers.strategies.deepspeed_train import DeepSpeedTrainStrategy
 
@@ -33,6 +34,15 @@ def global_normalizers(
         counts = counts.to(device)
         dist.all_reduce(counts)
     return [c / world_size for c in counts.tolist()]
+
+
+def most_across_ranks(n: int, world_size: int, device: torch.device | str = "cpu") -> int:
+    """The largest `n` of any rank (one all-reduce; `n` itself on one rank)."""
+    if world_size == 1 or not dist.is_initialized():
+        return n
+    most = torch.tensor([n], dtype=torch.int64, device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most.item())
 
 
 def loss_scale(cfg: PipelineConfig) -> float:
@@ -66,6 +76,12 @@ class TrainedWorker(Worker):
         (`token_norm`: the mini-batch's token count, for token means)."""
         raise NotImplementedError
 
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether the objective's forward runs a prompt once for the rows that share it (actor_train's causal LM;
+        not the critic's value model)."""
+        return False
+
     def per_minibatch(self) -> dict[str, float]:
         """Metrics read after each optimizer step."""
         return {"grad_norm": self.strategy.grad_norm()}
@@ -89,7 +105,9 @@ class TrainedWorker(Worker):
 
     def train_loop(self, batch: Batch) -> dict[str, float]:
         """`ppo_epochs` passes over the batch in mini-batches of `training_args.minibatch_size`; the metrics
-        averaged over the mini-batches that were trained, named `<metric_prefix>/<name>`.
+        averaged over the mini-batches that were trained, named `<metric_prefix>/<name>`, with the share of the
+        forwards' tokens that were padding (`pad_frac`) and the rows longer than a token budget
+        (`rows_over_token_budget`).
 
         A mini-batch none of whose samples is in the loss on any rank (every one masked) is skipped: no forward,
         no backward and no optimizer step, since AdamW would still move the weights on zero gradients (its
@@ -100,7 +118,7 @@ class TrainedWorker(Worker):
         self.on_device()
         self.strategy.module.train()
         sums: dict[str, float] = defaultdict(float)
-        minibatches = skipped = 0
+        minibatches = skipped = over = read = run = 0
         for _ in range(self.cfg.ppo_epochs):
             for minibatch in batch.split(ta.minibatch_size):
                 modes = (self.cfg.loss_agg_mode, "token-mean")  # the loss's count, the diagnostics' count
@@ -110,7 +128,12 @@ class TrainedWorker(Worker):
                 if token_norm == 0:  # the same on every rank: the count is global
                     skipped += 1
                     continue
-                for micro in minibatch.split(ta.per_device_train_batch_size):
+                micro_batches, longer = self.micro_batches(minibatch)
+                tokens_read, tokens_run = padding(micro_batches)
+                over, read, run = over + longer, read + tokens_read, run + tokens_run
+                for i, micro in enumerate(micro_batches):
+                    # the optimizer steps after the mini-batch's last micro-batch, however many there are
+                    self.strategy.set_boundary(i == len(micro_batches) - 1)
                     loss, parts = self.objective(micro.to(self.strategy.device), norm, token_norm)
                     self.strategy.backward(loss)
                     self.strategy.step()
@@ -122,7 +145,28 @@ class TrainedWorker(Worker):
         metrics = {f"{self.metric_prefix}/{k}": v / minibatches for k, v in sums.items()}
         metrics[f"{self.metric_prefix}/optimizer_steps_skipped"] = float(skipped)
         metrics[f"{self.metric_prefix}/minibatches_trained"] = float(minibatches)
+        if run:
+            metrics[f"{self.metric_prefix}/pad_frac"] = 1.0 - read / run
+        if ta.max_tokens_per_microbatch is not None:
+            metrics[f"{self.metric_prefix}/rows_over_token_budget"] = float(over)
         return metrics
+
+    def micro_batches(self, minibatch: Batch) -> tuple[list[Batch], int]:
+        """The mini-batch's micro-batches, and how many rows ran alone for being longer than the token budget:
+        per_device_train_batch_size rows at a time, or with training_args.max_tokens_per_microbatch those of
+        `budget_plan` (a prompt's rows together where that runs fewer tokens), as many on this rank as on the rank
+        that needs most."""
+        ta = self.section.training_args
+        budget = ta.max_tokens_per_microbatch
+        if budget is None:
+            return minibatch.split(ta.per_device_train_batch_size), 0
+        lengths = row_lengths(minibatch)
+        groups = prompt_groups(minibatch) if self.shares_prompts else None
+        plan = budget_plan(*lengths, budget, groups)
+        most = most_across_ranks(len(plan), self.world_size, self.strategy.device)
+        if most > len(plan):
+            plan = budget_plan(*lengths, budget, groups, at_least=most)
+        return cut(minibatch, plan, lengths), over_budget(*lengths, budget)
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:
         self.on_device()

@@ -12,11 +12,13 @@ def clipped_value_loss(
     all (B, R): 0.5 * max((v - R)^2, (v_old + clip(v - v_old, -c, c) - R)^2), so one update cannot move a value
     estimate more than c away from the one that computed the advantages. `clip` None: plain 0.5 * (v - R)^2.
 
-    Returns the per-token loss and `clipped` (1 where the clipped term was the larger one).
+    Returns the per-token loss and `clipped` (1 where the estimate moved more than c and the clipped term was the
+    larger one: within c, v_old + (v - v_old) is v up to its last bit, and that rounding must not count).
     """
     unclipped = (values - returns).square()
     if clip is None:
         return 0.5 * unclipped, torch.zeros_like(unclipped)
     bounded = old_values + (values - old_values).clamp(-clip, clip)
     clipped = (bounded - returns).square()
-    return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).to(values.dtype)
+    moved = (values - old_values).abs() > clip
+    return 0.5 * torch.maximum(unclipped, clipped), (moved & (clipped > unclipped)).to(values.dtype)

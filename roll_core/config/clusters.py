@@ -37,6 +37,15 @@ class TrainingArgs:
     """Schedule after warm-up; linear and cosine decay to 0 at the last optimizer step of the run."""
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1
+    max_tokens_per_microbatch: int | None = None
+    """Cut each mini-batch (per_device_train_batch_size x gradient_accumulation_steps rows, one optimizer step) into
+    micro-batches by tokens instead of per_device_train_batch_size rows (ROLL's max_tokens_per_microbatch_in_train
+    with use_dynamic_batching_in_train, verl's ppo_max_token_len_per_gpu): rows longest first, each micro-batch
+    padded only to its own longest prompt and response and holding at most this many tokens, padding included; a
+    row longer than it runs alone (counted in `<worker>/rows_over_token_budget`). The loss and its gradient are
+    those of fixed micro-batches under every loss_agg_mode (each micro-batch's loss is divided by its mini-batch's
+    count). Data-parallel ranks run as many micro-batches as the rank that needs most. Must hold one row of
+    data.prompt_length + max_new_tokens (checked at load). None: per_device_train_batch_size rows at a time."""
     max_grad_norm: float = 1.0
 
     def validate(self) -> Iterator[tuple[str, str]]:
@@ -46,6 +55,8 @@ class TrainingArgs:
             yield "per_device_train_batch_size", "must be >= 1"
         if self.gradient_accumulation_steps < 1:
             yield "gradient_accumulation_steps", "must be >= 1"
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
+            yield "max_tokens_per_microbatch", "must be >= 1 (or null: per_device_train_batch_size rows at a time)"
         if self.warmup_steps < 0:
             yield "warmup_steps", "must be >= 0"
         if self.max_grad_norm <= 0:

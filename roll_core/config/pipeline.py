@@ -447,14 +447,21 @@ class PipelineConfig:
         row = self.data.prompt_length + self.actor_infer.generating_args.max_new_tokens
         for name in ("actor_train", "actor_infer", "reference", "critic"):
             section = getattr(self, name)
-            budget = None if section is None else section.infer_max_tokens_per_microbatch
-            if budget is not None and budget < row:
-                yield (
-                    f"{name}.infer_max_tokens_per_microbatch",
-                    f"{budget} tokens cannot hold one row: data.prompt_length + actor_infer.generating_args."
-                    f"max_new_tokens = {self.data.prompt_length} + {self.actor_infer.generating_args.max_new_tokens}"
-                    f" = {row} tokens",
+            if section is None:
+                continue
+            budgets = {f"{name}.infer_max_tokens_per_microbatch": section.infer_max_tokens_per_microbatch}
+            if hasattr(section, "training_args"):
+                budgets[f"{name}.training_args.max_tokens_per_microbatch"] = (
+                    section.training_args.max_tokens_per_microbatch
                 )
+            for key, budget in budgets.items():
+                if budget is not None and budget < row:
+                    yield (
+                        key,
+                        f"{budget} tokens cannot hold one row: data.prompt_length + actor_infer.generating_args."
+                        f"max_new_tokens = {self.data.prompt_length} + "
+                        f"{self.actor_infer.generating_args.max_new_tokens} = {row} tokens",
+                    )
 
     def _validate_batch_division(self) -> Iterator[tuple[str, str]]:
         samples = self.samples_per_step

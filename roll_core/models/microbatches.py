@@ -1,7 +1,8 @@
 """Micro-batches cut by a token budget instead of a row count (ROLL's dynamic batching, verl's dynamic batch size):
-rows sorted longest first and gathered while the micro-batch, padded to its own longest prompt and response, holds
-at most `max_tokens` tokens; each micro-batch keeps only the padding its own rows need. With long-tailed lengths
-the short rows no longer run padded to the longest row of the batch."""
+rows sorted longest first (or a prompt's rows kept together, where that runs fewer tokens) and gathered while the
+micro-batch, padded to its own longest prompt and response, holds at most `max_tokens` tokens; each micro-batch
+keeps only the padding its own rows need. With long-tailed lengths the short rows no longer run padded to the
+longest row of the batch. docs/micro-batches.md says what is cut where and what was measured."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from roll_core.batch import TENSOR_KEYS, Batch, sequence_mask
-from roll_core.models.forward import batched_log_probs, batched_values
+from roll_core.models.forward import SHARE_FROM, batched_log_probs, batched_values, can_share_prompts
 from roll_core.models.sampling import SamplingDistribution
 
 #: The 2-D tensor keys by the dimension they span: left-padded prompt columns or right-padded response columns.
@@ -28,13 +29,42 @@ def row_lengths(batch: Batch) -> tuple[list[int], list[int]]:
     return prompt.tolist(), response.tolist()
 
 
-def token_budget_plan(prompt_lens: list[int], response_lens: list[int], max_tokens: int) -> list[list[int]]:
+def prompt_groups(batch: Batch) -> list[int]:
+    """Each row's prompt, numbered by first appearance: rows with equal prompt ids and mask share a number (a
+    group's responses do)."""
+    rows = torch.cat([batch["prompt_ids"], batch["prompt_mask"].long()], dim=1)
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    first: dict[int, int] = {}
+    return [first.setdefault(g, len(first)) for g in inverse.tolist()]
+
+
+def token_budget_plan(
+    prompt_lens: list[int], response_lens: list[int], max_tokens: int, at_least: int = 1,
+    groups: list[int] | None = None,
+) -> list[list[int]]:
     """The row indices of each micro-batch: rows longest first (prompt and response together; ties in row order),
     each micro-batch taking the next row while (its rows) x (its longest prompt + its longest response) stays
-    within `max_tokens`. A row longer than the budget alone is a micro-batch of its own."""
+    within `max_tokens`. A row longer than the budget alone is a micro-batch of its own.
+
+    `groups` (`prompt_groups`): the rows of one prompt are kept next to each other, longest first, the groups
+    ordered by their longest row, so that a micro-batch holds whole groups where the budget allows and runs each of
+    their prompts once (forward.response_logits shares a prompt among its rows).
+
+    `at_least`: then the micro-batch of the most rows (the first of them) is halved, its longer rows first, until
+    there are that many (data-parallel ranks must run as many forwards and backwards as each other: ZeRO-2 and -3
+    reduce and gather at every one). A part of a micro-batch stays within its budget."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    order = sorted(range(len(prompt_lens)), key=lambda i: -(prompt_lens[i] + response_lens[i]))
+    if not 1 <= at_least <= max(len(prompt_lens), 1):
+        raise ValueError(f"cannot cut {len(prompt_lens)} rows into at least {at_least} micro-batches")
+    length = [p + r for p, r in zip(prompt_lens, response_lens, strict=True)]
+    if groups is None:
+        order = sorted(range(len(length)), key=lambda i: -length[i])
+    else:
+        longest: dict[int, int] = {}
+        for i, g in enumerate(groups):
+            longest[g] = max(longest.get(g, 0), length[i])
+        order = sorted(range(len(length)), key=lambda i: (-longest[groups[i]], groups[i], -length[i]))
     plan: list[list[int]] = []
     rows: list[int] = []
     longest_prompt = longest_response = 0
@@ -47,7 +77,44 @@ def token_budget_plan(prompt_lens: list[int], response_lens: list[int], max_toke
         longest_prompt, longest_response = p, r
     if rows:
         plan.append(rows)
+    while len(plan) < at_least:
+        k = max(range(len(plan)), key=lambda j: len(plan[j]))  # max keeps the first of equals
+        half = (len(plan[k]) + 1) // 2
+        plan[k : k + 1] = [plan[k][:half], plan[k][half:]]
     return plan
+
+
+def tokens_run(plan: list[list[int]], prompt_lens: list[int], response_lens: list[int], groups: list[int]) -> int:
+    """The tokens the forwards of `plan` run: each micro-batch's rows x its longest response, and its longest
+    prompt once per distinct prompt where its rows share prompts (forward.shared_prompts: SHARE_FROM rows a prompt
+    or more), else once per row."""
+    total = 0
+    for rows in plan:
+        prompt = max(prompt_lens[i] for i in rows)
+        response = max(response_lens[i] for i in rows)
+        distinct = len({groups[i] for i in rows})
+        prompts_run = distinct if distinct * SHARE_FROM <= len(rows) else len(rows)
+        total += prompts_run * prompt + len(rows) * response
+    return total
+
+
+def budget_plan(
+    prompt_lens: list[int], response_lens: list[int], max_tokens: int, groups: list[int] | None,
+    at_least: int = 1,
+) -> list[list[int]]:
+    """`token_budget_plan` with a prompt's rows together and with rows by length alone, whichever runs fewer
+    tokens (`tokens_run`); by length alone where the forward does not share prompts (`groups` None). Measured
+    (benchmarks/bench_microbatches.py): with prompts as long as the responses, rows by length alone pad least and
+    train fastest; with prompts several times longer, a prompt run once for its rows saves more than the padding
+    costs."""
+    by_length = token_budget_plan(prompt_lens, response_lens, max_tokens, at_least)
+    if groups is None:
+        return by_length
+    together = token_budget_plan(prompt_lens, response_lens, max_tokens, at_least, groups)
+    fewer = tokens_run(together, prompt_lens, response_lens, groups) < tokens_run(
+        by_length, prompt_lens, response_lens, groups
+    )
+    return together if fewer else by_length
 
 
 def over_budget(prompt_lens: list[int], response_lens: list[int], max_tokens: int) -> int:
@@ -67,24 +134,47 @@ def trimmed(batch: Batch, prompt_len: int, response_len: int) -> Batch:
     return Batch(tensors, dict(batch.meta))
 
 
+def cut(batch: Batch, plan: list[list[int]], lengths: tuple[list[int], list[int]] | None = None) -> list[Batch]:
+    """The micro-batches of `plan` (row indices into `batch`), each trimmed to its own rows' longest prompt and
+    response (at least one column each); `lengths`: `row_lengths(batch)`, where the caller has them."""
+    prompt_lens, response_lens = lengths or row_lengths(batch)
+    return [
+        trimmed(
+            batch.select(rows),
+            max(max(prompt_lens[i] for i in rows), 1),
+            max(max(response_lens[i] for i in rows), 1),
+        )
+        for rows in plan
+    ]
+
+
+def padding(micro_batches: list[Batch]) -> tuple[int, int]:
+    """The tokens the micro-batches' rows read and the tokens their forwards run, padding included (each
+    micro-batch is its rows x (prompt columns + response columns))."""
+    read = run = 0
+    for micro in micro_batches:
+        prompt_lens, response_lens = row_lengths(micro)
+        read += sum(prompt_lens) + sum(response_lens)
+        run += len(micro) * (micro["prompt_ids"].shape[1] + micro["response_ids"].shape[1])
+    return read, run
+
+
 def by_token_budget(
-    batch: Batch, max_tokens: int, run: Callable[[Batch], torch.Tensor]
+    batch: Batch, max_tokens: int, run: Callable[[Batch], torch.Tensor], shares_prompts: bool = False
 ) -> torch.Tensor:
-    """`run` (a (b, r) per-response-token result, e.g. log-probs) over the micro-batches of `token_budget_plan`,
-    each trimmed to its own rows' lengths; the results put back in the batch's row order and response width, zero
-    past each micro-batch's width."""
-    prompt_lens, response_lens = row_lengths(batch)
-    width = batch["response_ids"].shape[1]
-    out: torch.Tensor | None = None
-    for rows in token_budget_plan(prompt_lens, response_lens, max_tokens):
-        p = max(max(prompt_lens[i] for i in rows), 1)
-        r = max(max(response_lens[i] for i in rows), 1)
-        part = run(trimmed(batch.select(rows), p, r))
-        if out is None:
-            out = part.new_zeros((len(batch), width))
-        out[torch.as_tensor(rows, device=out.device), : part.shape[1]] = part
-    if out is None:
+    """`run` (a (b, r) per-response-token result, e.g. log-probs) over the micro-batches of `budget_plan` (with
+    `shares_prompts`, where `run` runs a prompt once for its rows), each trimmed to its own rows' lengths; the
+    results put back in the batch's row order and response width, zero past each micro-batch's width."""
+    lengths = row_lengths(batch)
+    plan = budget_plan(*lengths, max_tokens, prompt_groups(batch) if shares_prompts else None)
+    if not plan:
         raise ValueError("an empty batch has no micro-batches")
+    out: torch.Tensor | None = None
+    for rows, micro in zip(plan, cut(batch, plan, lengths), strict=True):
+        part = run(micro)
+        if out is None:
+            out = part.new_zeros((len(batch), batch["response_ids"].shape[1]))
+        out[torch.as_tensor(rows, device=out.device), : part.shape[1]] = part
     return out
 
 
@@ -93,17 +183,19 @@ def log_probs_in_micro_batches(
     max_tokens: int | None = None,
 ) -> torch.Tensor:
     """forward.batched_log_probs, `micro_batch_size` rows at a time, or with `max_tokens` in the micro-batches of
-    `token_budget_plan`."""
+    `budget_plan` (the model shares prompts where forward.can_share_prompts says so)."""
     if max_tokens is None:
         return batched_log_probs(model, batch, micro_batch_size, sampling)
-    return by_token_budget(batch, max_tokens, lambda micro: batched_log_probs(model, micro, len(micro), sampling))
+    return by_token_budget(
+        batch, max_tokens, lambda micro: batched_log_probs(model, micro, len(micro), sampling), can_share_prompts(model)
+    )
 
 
 def values_in_micro_batches(
     model: torch.nn.Module, batch: Batch, micro_batch_size: int, max_tokens: int | None = None
 ) -> torch.Tensor:
     """forward.batched_values, `micro_batch_size` rows at a time, or with `max_tokens` in the micro-batches of
-    `token_budget_plan`."""
+    `budget_plan` by length alone (the value model does not share prompts)."""
     if max_tokens is None:
         return batched_values(model, batch, micro_batch_size)
     return by_token_budget(batch, max_tokens, lambda micro: batched_values(model, micro, len(micro)))

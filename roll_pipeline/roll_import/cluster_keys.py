@@ -29,7 +29,7 @@ SPEED_ONLY = {
 }
 
 #: Section keys about batching, padding and buffers: how the work is cut, not what is computed (but for the token
-#: budget of the forward passes without gradient, which _forward_token_budget maps first).
+#: budgets of the forward passes and the train step, which _token_budgets maps first).
 SECTION_SPEED_ONLY = (
     "offload_nccl", "use_remove_padding", "use_dynamic_batching_in_train", "use_dynamic_batching_in_infer",
     "max_tokens_per_microbatch_in_train", "max_tokens_per_microbatch_in_infer", "sequence_length_round_in_train",
@@ -83,7 +83,7 @@ def _cluster(imp: Importer, sec: str) -> None:
     src = imp.src
     trains = sec in ("actor_train", "critic")
     _model_args(imp, sec, trains)
-    _forward_token_budget(imp, sec)
+    _token_budgets(imp, sec)
     for key in SECTION_SPEED_ONLY:
         imp.dropped(f"{sec}.{key}", "how the work is batched or buffered, not what is computed")
     worker = src.get(f"{sec}.worker_cls")
@@ -110,18 +110,25 @@ def _cluster(imp: Importer, sec: str) -> None:
         _reference_strategy(imp, sec)
 
 
-def _forward_token_budget(imp: Importer, sec: str) -> None:
-    """ROLL's dynamic batching of a cluster's forward passes without gradient (log-probs, values): its token budget
-    per micro-batch is infer_max_tokens_per_microbatch here (on a GPU it decides whether a long-tailed batch fits in
-    memory). actor_infer's generation is the engine's to batch: its keys are dropped with the others."""
-    if sec == "actor_infer" or not imp.src.get(f"{sec}.use_dynamic_batching_in_infer"):
+def _token_budgets(imp: Importer, sec: str) -> None:
+    """ROLL's dynamic batching: its token budget per micro-batch of a cluster's forward passes without gradient
+    (log-probs, values) is infer_max_tokens_per_microbatch here, and that of a trained cluster's train step
+    training_args.max_tokens_per_microbatch (on a GPU they decide whether a long-tailed batch fits in memory).
+    actor_infer's generation is the engine's to batch: its keys are dropped with the others."""
+    if sec == "actor_infer":
         return
-    budget = imp.src.get(f"{sec}.max_tokens_per_microbatch_in_infer")
-    if budget is None:
-        return
-    imp.mapped(f"{sec}.max_tokens_per_microbatch_in_infer", f"{sec}.infer_max_tokens_per_microbatch", budget,
-               "rows longest first; a micro-batch's tokens counted with its padding")
-    imp.part_of(f"{sec}.use_dynamic_batching_in_infer", f"{sec}.infer_max_tokens_per_microbatch")
+    kinds = [("infer", f"{sec}.infer_max_tokens_per_microbatch")]
+    if sec in ("actor_train", "critic"):
+        kinds.append(("train", f"{sec}.training_args.max_tokens_per_microbatch"))
+    for kind, ours in kinds:
+        if not imp.src.get(f"{sec}.use_dynamic_batching_in_{kind}"):
+            continue
+        budget = imp.src.get(f"{sec}.max_tokens_per_microbatch_in_{kind}")
+        if budget is None:
+            continue
+        imp.mapped(f"{sec}.max_tokens_per_microbatch_in_{kind}", ours, budget,
+                   "rows longest first; a micro-batch's tokens counted with its padding")
+        imp.part_of(f"{sec}.use_dynamic_batching_in_{kind}", ours)
 
 
 def _pg_variant(imp: Importer, worker: str) -> None:

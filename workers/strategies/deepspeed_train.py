@@ -103,6 +103,12 @@ class DeepSpeedTrainStrategy:
         # losses arrive already normalised over the whole mini-batch, so no extra division by accumulation steps
         self.engine.backward(loss, scale_wrt_gas=False)
 
+    def set_boundary(self, last: bool) -> None:
+        """Whether the next backward and step end the mini-batch (reduce the gradients and step the optimizer):
+        the loop says so instead of DeepSpeed counting gradient_accumulation_steps micro-batches, since a token
+        budget cuts a mini-batch into as many as its rows' lengths need."""
+        self.engine.set_gradient_accumulation_boundary(last)
+
     def step(self) -> None:
         self.engine.step()
 

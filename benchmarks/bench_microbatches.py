@@ -1,0 +1,171 @@
+"""The train stage with micro-batches of fixed rows against micro-batches cut by a token budget (issue 80, item 4):
+seconds per train_step, the largest micro-batch in tokens run (padding included: what a forward's activations
+grow with), and the share of the forwards' tokens that were padding (`actor/pad_frac`).
+
+    python -m benchmarks.bench_microbatches [--repeats 5] [--budget 2048] [--prompt-tokens 32 96]
+
+The batch is synthetic, with a stated shape: `--prompts` prompts of `--prompt-tokens` MIN-MAX tokens (uniform),
+each with `--group` responses whose lengths are log-normal (median 48 tokens, sigma 0.9; cut to 8-384), random
+token ids, random advantages, old log-probs = the model's. One ActorTrainWorker (DeepSpeed, one rank) in this
+process trains it in one optimizer step of all its rows, learning rate 1e-9 (the weights barely move; the work does
+not depend on them). The sides are the same worker with `training_args` changed between calls:
+
+* fixed: per_device_train_batch_size 8 rows a micro-batch, each padded to the batch's longest prompt and response;
+* budget: training_args.max_tokens_per_microbatch = `--budget`, as the product plans it (microbatches.budget_plan:
+  of the two plans below, the one whose forwards run fewer tokens);
+* by_length and together: the worker's micro_batches forced to one of those plans (a subclass here);
+  by_length: the same budget, rows by length alone (least padding; a prompt shared by rows of one micro-batch is
+  still run once, forward.response_logits);
+  together: the same budget, a prompt's rows next to each other (its prompt run once for all of them).
+
+Each repetition runs every side once, in an order reversed every other repetition, after waiting for a quiet
+machine; the load is printed per side. Then per side: median and range of seconds per call, the largest
+micro-batch and pad_frac. The process's resident memory did not separate the sides on this CPU (the tiny model's
+activations are a few MiB, and the allocator keeps what an earlier call freed). On a GPU the saving would follow
+the padding share (an estimate, not measured here): attention and the MLPs run on every padded token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from benchmarks.harness import machine, wait_for_quiet
+from benchmarks.summary import spread, turn_order
+
+ROOT = Path(__file__).resolve().parent.parent
+SIDES = ("fixed", "budget", "by_length", "together")
+
+
+def synthetic_batch(model, prompts: int, group: int, prompt_range: tuple[int, int] = (32, 96), seed: int = 0):
+    """Left-padded prompts and right-padded responses of the stated shape; advantages and old log-probs."""
+    from roll_pipeline.api import Batch, SamplingDistribution, batched_log_probs
+
+    g = torch.Generator().manual_seed(seed)
+    p_lens = torch.randint(prompt_range[0], prompt_range[1] + 1, (prompts,), generator=g).tolist()
+    r_lens = (48 * torch.exp(0.9 * torch.randn(prompts * group, generator=g))).round().clamp(8, 384).long().tolist()
+    rows = prompts * group
+    width_p, width_r = max(p_lens), max(r_lens)
+    prompt_ids = torch.zeros(rows, width_p, dtype=torch.long)
+    prompt_mask = torch.zeros(rows, width_p, dtype=torch.long)
+    response_ids = torch.zeros(rows, width_r, dtype=torch.long)
+    response_mask = torch.zeros(rows, width_r)
+    for k in range(prompts):
+        ids = torch.randint(5, 400, (p_lens[k],), generator=g)
+        for j in range(group):
+            i = k * group + j
+            prompt_ids[i, width_p - p_lens[k] :] = ids
+            prompt_mask[i, width_p - p_lens[k] :] = 1
+            response_ids[i, : r_lens[i]] = torch.randint(5, 400, (r_lens[i],), generator=g)
+            response_mask[i, : r_lens[i]] = 1
+    batch = Batch({
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
+        "response_mask": response_mask, "advantages": torch.randn(rows, width_r, generator=g) * response_mask,
+        "in_loss": torch.ones(rows),
+    })
+    with torch.no_grad():
+        old = batched_log_probs(model, batch, 8, SamplingDistribution())
+    return batch.update({"old_log_probs": old}), p_lens, r_lens
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--budget", type=int, default=2048)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(32, 96), metavar=("MIN", "MAX"))
+    parser.add_argument("--model", type=Path, default=ROOT / "examples" / "models" / "tiny-qwen2")
+    parser.add_argument("--quiet-wait", type=float, default=60.0)
+    args = parser.parse_args(argv)
+
+    from roll_pipeline.api import (
+        ActorTrainWorker,
+        cut,
+        load_run_config,
+        over_budget,
+        prompt_groups,
+        row_lengths,
+        token_budget_plan,
+    )
+
+    class OneOrder(ActorTrainWorker):
+        """actor_train whose token-budget plan is forced to one order (`order`), or the product's (None)."""
+
+        order: str | None = None
+
+        def micro_batches(self, minibatch):
+            budget = self.section.training_args.max_tokens_per_microbatch
+            if self.order is None or budget is None:
+                return super().micro_batches(minibatch)
+            lengths = row_lengths(minibatch)
+            groups = prompt_groups(minibatch) if self.order == "together" else None
+            plan = token_budget_plan(*lengths, budget, groups=groups)
+            return cut(minibatch, plan, lengths), over_budget(*lengths, budget)
+
+    rows = args.prompts * args.group
+    cfg = load_run_config(ROOT / "examples" / "grpo.yaml", [
+        f"pretrain={args.model.resolve()}", f"rollout_batch_size={args.prompts}",
+        f"num_return_sequences_in_group={args.group}", "use_kl_loss=false", "ppo_epochs=1",
+        f"data.prompt_length={args.prompt_tokens[1]}", "actor_infer.generating_args.max_new_tokens=384",
+        "actor_train.training_args.per_device_train_batch_size=8",
+        f"actor_train.training_args.gradient_accumulation_steps={rows // 8}",
+        "actor_train.training_args.learning_rate=1e-9",
+    ]).config
+    worker = OneOrder(name="actor_train", rank=0, world_size=1, pipeline_config=cfg, total_optimizer_steps=10**6)
+    worker.initialize()
+    torch.set_num_threads(cfg.actor_train.torch_threads)
+    batch, p_lens, r_lens = synthetic_batch(worker.strategy.module, args.prompts, args.group, args.prompt_tokens)
+    fixed = worker.section
+    budgeted = replace(fixed, training_args=replace(fixed.training_args, max_tokens_per_microbatch=args.budget))
+
+    def use(side: str) -> None:
+        worker.section = fixed if side == "fixed" else budgeted
+        worker.order = side if side in ("by_length", "together") else None
+
+    def run(side: str) -> tuple[float, dict[str, float]]:
+        use(side)
+        start = time.perf_counter()
+        metrics = worker.train_step(batch)
+        return time.perf_counter() - start, metrics
+
+    def largest(side: str) -> int:
+        use(side)
+        micro_batches, _ = worker.micro_batches(batch)
+        return max(len(m) * (m["prompt_ids"].shape[1] + m["response_ids"].shape[1]) for m in micro_batches)
+
+    print(f"# {machine()}")
+    print(f"# {rows} rows: prompts {min(p_lens)}-{max(p_lens)} tokens, responses {min(r_lens)}-{max(r_lens)} "
+          f"(median {statistics.median(r_lens):.0f}); budget {args.budget} tokens; torch threads "
+          f"{torch.get_num_threads()}")
+    for side in SIDES:
+        run(side)  # warm-up, untimed
+    seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+    pad: dict[str, float] = {}
+    for r in range(args.repeats):
+        for side in turn_order(r, list(SIDES)):
+            quiet = wait_for_quiet(args.quiet_wait)
+            load = os.getloadavg()[0]
+            took, metrics = run(side)
+            seconds[side].append(took)
+            pad[side] = metrics["actor/pad_frac"]
+            print(f"repetition {r + 1} {side:9s} {took:6.3f} s  pad_frac {pad[side]:.3f}  load {load:.2f} ({quiet})",
+                  flush=True)
+    print("\nside       s/step, median [range]     vs fixed  largest micro-batch (tokens)  pad_frac")
+    base = statistics.median(seconds["fixed"])
+    for side in SIDES:
+        s = spread(seconds[side])
+        print(f"{side:9s}  {s!s:26s}  {s.median / base:.2f}x     {largest(side):6d}                        "
+              f"{pad[side]:.3f}")
+    longer = sum(p + r > args.budget for p, r in zip([p for p in p_lens for _ in range(args.group)], r_lens, strict=True))
+    print(f"\nrows longer than the budget (each ran alone): {longer}")
+
+
+if __name__ == "__main__":
+    main()
