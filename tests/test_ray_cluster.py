@@ -185,6 +185,9 @@ def test_a_run_spans_both_nodes_checkpoints_there_and_resumes(tmp_path, tiny_mod
         "actor_train.training_args.per_device_train_batch_size=16",
         "actor_infer.world_size=2", "actor_infer.placement=strict_spread", "actor_infer.num_cpus_per_worker=0.5",
         "actor_train.torch_threads=1", "actor_infer.torch_threads=1",  # 2 cores under 2 ranks of each
+        # a start that hangs names its workers and what the cluster has free before pytest-timeout's 600 s
+        # stops the test without saying (a suite run of 2026-12-07 hung here once; 88 s alone, passed after)
+        "ray.actor_start_timeout_s=300",
         "rewards.code.resources={far: 1}",
         f"output_dir={out}", f"tracking.tracking_uri={mlflow_db(tmp_path / 'mlflow.db')}",
     ]
