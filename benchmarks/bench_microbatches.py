@@ -1,6 +1,6 @@
-"""The train stage with micro-batches of fixed rows against micro-batches cut by a token budget (issue 80, item 4):
-seconds per train_step, the largest micro-batch in tokens run (padding included: what a forward's activations
-grow with), and the share of the forwards' tokens that were padding (`actor/pad_frac`).
+"""The train stage with micro-batches of fixed rows against micro-batches cut by a token budget, padded or packed
+(issue 80, items 2 and 4): seconds per train_step, the largest micro-batch in tokens run (padding included: what a
+forward's activations grow with), and the share of the forwards' tokens that were padding (`actor/pad_frac`).
 
     python -m benchmarks.bench_microbatches [--repeats 5] [--budget 2048] [--prompt-tokens 32 96]
 
@@ -16,7 +16,15 @@ not depend on them). The sides are the same worker with `training_args` changed 
 * by_length and together: the worker's micro_batches forced to one of those plans (a subclass here);
   by_length: the same budget, rows by length alone (least padding; a prompt shared by rows of one micro-batch is
   still run once, forward.response_logits);
-  together: the same budget, a prompt's rows next to each other (its prompt run once for all of them).
+  together: the same budget, a prompt's rows next to each other (its prompt run once for all of them);
+* packed: use_sequence_packing, 8 rows a micro-batch packed into one row of the tokens they read, attention by
+  sdpa row by row (roll_core/models/row_attention.py: what a section that packs loads);
+* packed_budget: use_sequence_packing with the budget, which then counts the tokens read;
+* packed_mask: as packed, through transformers' sdpa with its block-diagonal mask (attention computed over the
+  whole packed row, most of it masked).
+
+The worker loads its model as a packing section does (sdpa row by row); on padded micro-batches that kernel is sdpa
+itself (tests/test_packing.py), so every side but packed_mask runs the kernels the product runs.
 
 Each repetition runs every side once, in an order reversed every other repetition, after waiting for a quiet
 machine; the load is printed per side. Then per side: median and range of seconds per call, the largest
@@ -40,7 +48,7 @@ from benchmarks.harness import machine, wait_for_quiet
 from benchmarks.summary import spread, turn_order
 
 ROOT = Path(__file__).resolve().parent.parent
-SIDES = ("fixed", "budget", "by_length", "together")
+SIDES = ("fixed", "budget", "by_length", "together", "packed", "packed_budget", "packed_mask")
 
 
 def synthetic_batch(model, prompts: int, group: int, prompt_range: tuple[int, int] = (32, 96), seed: int = 0):
@@ -90,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         cut,
         load_run_config,
         over_budget,
+        padding,
         prompt_groups,
         row_lengths,
         token_budget_plan,
@@ -116,18 +125,24 @@ def main(argv: list[str] | None = None) -> None:
         f"data.prompt_length={args.prompt_tokens[1]}", "actor_infer.generating_args.max_new_tokens=384",
         "actor_train.training_args.per_device_train_batch_size=8",
         f"actor_train.training_args.gradient_accumulation_steps={rows // 8}",
-        "actor_train.training_args.learning_rate=1e-9",
+        "actor_train.training_args.learning_rate=1e-9", "actor_train.use_sequence_packing=true",
     ]).config
     worker = OneOrder(name="actor_train", rank=0, world_size=1, pipeline_config=cfg, total_optimizer_steps=10**6)
     worker.initialize()
     torch.set_num_threads(cfg.actor_train.torch_threads)
     batch, p_lens, r_lens = synthetic_batch(worker.strategy.module, args.prompts, args.group, args.prompt_tokens)
-    fixed = worker.section
+    packed = worker.section
+    fixed = replace(packed, use_sequence_packing=False)
     budgeted = replace(fixed, training_args=replace(fixed.training_args, max_tokens_per_microbatch=args.budget))
+    sections = {"fixed": fixed, "packed": packed, "packed_mask": packed,
+                "packed_budget": replace(budgeted, use_sequence_packing=True)}
+    model = worker.strategy.module
+    kernel = model.config._attn_implementation
 
     def use(side: str) -> None:
-        worker.section = fixed if side == "fixed" else budgeted
+        worker.section = sections.get(side, budgeted)
         worker.order = side if side in ("by_length", "together") else None
+        model.set_attn_implementation("sdpa" if side == "packed_mask" else kernel)
 
     def run(side: str) -> tuple[float, dict[str, float]]:
         use(side)
@@ -138,9 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     def largest(side: str) -> int:
         use(side)
         micro_batches, _ = worker.micro_batches(batch)
-        return max(len(m) * (m["prompt_ids"].shape[1] + m["response_ids"].shape[1]) for m in micro_batches)
+        packed = worker.section.use_sequence_packing
+        return max(padding([m], packed)[1] for m in micro_batches)
 
     print(f"# {machine()}")
+    print(f"# attention: {kernel} (packed_mask: sdpa)")
     print(f"# {rows} rows: prompts {min(p_lens)}-{max(p_lens)} tokens, responses {min(r_lens)}-{max(r_lens)} "
           f"(median {statistics.median(r_lens):.0f}); budget {args.budget} tokens; torch threads "
           f"{torch.get_num_threads()}")

@@ -36,6 +36,7 @@ ENTRY_POINTS: dict[str, str] = {
     "token_budget_plan": "roll_core.models.microbatches:token_budget_plan",
     "over_budget": "roll_core.models.microbatches:over_budget",
     "cut": "roll_core.models.microbatches:cut",
+    "padding": "roll_core.models.microbatches:padding",
     "LoraArgs": "roll_core.config.clusters:LoraArgs",
     "with_lora": "workers.strategies.lora:with_lora",
     "adapter_state": "workers.strategies.lora:adapter_state",

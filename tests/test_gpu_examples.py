@@ -97,6 +97,10 @@ def test_dry_run_prints_the_plan_and_passes_on_a_cpu_machine(example, offline, c
         assert "[skip] actor_infer.strategy_args.strategy_name: vllm is" in out
         assert "this host has 0 GPU(s), so not checked here" in out
         assert "they do not fail a dry run" in out
+        if example == "qwen2.5-7b-2x8-separate.yaml":  # packed rows through FlashAttention, checked on the GPU nodes
+            for section in ("actor_train", "reference"):
+                assert (f"[skip] {section}.model_args.attn_implementation: flash_attention_2: this host has no CUDA "
+                        f"GPU; flash_attn must be importable on {section}'s GPU nodes") in out
     assert offline == [], f"the dry run tried to reach {offline}"
 
 
@@ -118,6 +122,9 @@ def test_a_real_run_here_stops_before_starting_ray(offline):
     assert re.search("vllm needs|installed vLLM is its CPU build", failed["actor_infer.strategy_args.strategy_name"])
     assert failed["plan"].startswith(
         "needs 2 nodes x 8 GPUs; this host has 0 GPU(s) and no Ray cluster is configured"
+    )
+    assert failed["actor_train.model_args.attn_implementation"].startswith(
+        "flash_attention_2 needs the flash-attn package and a CUDA GPU, and "
     )
 
 

@@ -12,6 +12,7 @@ import torch
 
 from roll_core.config import ModelArgs, load_config
 from roll_core.models.forward import batched_log_probs
+from roll_core.models.microbatches import row_lengths, token_budget_plan
 from roll_core.models.sampling import SamplingDistribution
 from tests.conftest import EXAMPLES
 from tests.test_microbatches import long_tailed_batch
@@ -49,22 +50,26 @@ class BackwardOnly:
         return 0.0
 
 
-# (per_device_train_batch_size, gradient_accumulation_steps, max_tokens_per_microbatch): one pass over the whole
-# mini-batch, fixed micro-batches of 4 rows, and token budgets (60: a row of the longest response and the longest
-# prompt is 52 tokens; the rows' plan is 6 micro-batches of 1-5 rows).
-ONE_PASS = (ROWS, 1, None)
+# (per_device_train_batch_size, gradient_accumulation_steps, max_tokens_per_microbatch, use_sequence_packing): one
+# padded pass over the whole mini-batch, fixed micro-batches of 4 rows, and token budgets (60: a row of the longest
+# response and the longest prompt is 52 tokens; the rows' plan is 6 micro-batches of 1-5 rows), padded or packed.
+ONE_PASS = (ROWS, 1, None, False)
 # Measured 2026-12-07 (AMD EPYC Zen 4, 2 threads, 3 runs, bitwise the same each run) over every case here: the
 # largest gradient difference 1.08e-6 of the largest gradient (actor_train, seq-mean-token-mean, budget 150), the
 # largest loss or metric difference 1.9e-7 of its value (or of 1); the order of the sums and the attention's shapes
-# (each micro-batch's own padding) change the rounding. About 10x room for another processor's kernels. A
-# micro-batch's loss divided by its own count instead of its mini-batch's is off by a factor (grad above 1e-1).
+# (each micro-batch's own padding) change the rounding. The same on an Intel Xeon, where the packed cuts (sdpa row by
+# row, as a packing section loads the model) came within 1.08e-6 and 1.7e-7 (2026-12-07, twice, the same each
+# time). About 10x room for another processor's kernels. A micro-batch's loss divided by its own count instead of its mini-batch's is off by a factor (grad above 1e-1).
 GRAD_RTOL = 1e-5
 LOSS_RTOL = 2e-6
-CUTS = {"fixed": (4, 3, None), "budget_60": (4, 3, 60), "budget_150": (4, 3, 150)}
+CUTS = {
+    "fixed": (4, 3, None, False), "budget_60": (4, 3, 60, False), "budget_150": (4, 3, 150, False),
+    "packed": (4, 3, None, True), "packed_budget_60": (4, 3, 60, True),
+}
 
 
-def config(example: str, mode: str, cut: tuple[int, int, int | None], section: str):
-    rows, accumulation, budget = cut
+def config(example: str, mode: str, cut: tuple[int, int, int | None, bool], section: str):
+    rows, accumulation, budget, packed = cut
     return load_config(EXAMPLES / example, [
         "rollout_batch_size=3", "num_return_sequences_in_group=4", "ppo_epochs=1",
         f"loss_agg_mode={mode}", "data.prompt_length=9", "actor_infer.generating_args.max_new_tokens=43",
@@ -72,6 +77,7 @@ def config(example: str, mode: str, cut: tuple[int, int, int | None], section: s
         f"{section}.training_args.per_device_train_batch_size={rows}",
         f"{section}.training_args.gradient_accumulation_steps={accumulation}",
         f"{section}.training_args.max_tokens_per_microbatch={'null' if budget is None else budget}",
+        f"{section}.use_sequence_packing={str(packed).lower()}",
         f"{section}.torch_threads={torch.get_num_threads()}",
         *(() if section == "actor_train" else (  # actor_train's own mini-batch must divide the step too
             f"actor_train.training_args.per_device_train_batch_size={ROWS}",
@@ -114,11 +120,15 @@ def train_once(worker_cls, cfg, model: torch.nn.Module, batch) -> tuple[dict[str
 
 @pytest.fixture(scope="module")
 def models(tiny_model):
+    """The policy and the value model as a section loads them, by use_sequence_packing (packed: sdpa row by row)."""
     from workers.strategies.loading import load_causal_lm, load_value_model
 
     args = ModelArgs(model_name_or_path=str(tiny_model))
-    torch.manual_seed(0)  # the value head is fresh
-    return load_causal_lm(args).train(), load_value_model(args).train()
+    loaded = {}
+    for packed in (False, True):
+        torch.manual_seed(0)  # the value head is fresh: the same on both
+        loaded[packed] = load_causal_lm(args, packed).train(), load_value_model(args, packed).train()
+    return loaded
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -128,14 +138,24 @@ def test_a_step_cut_any_way_has_the_loss_and_gradient_of_one_pass(models, sectio
     from workers.actor_train import ActorTrainWorker
     from workers.critic import CriticWorker
 
-    policy, value_model = models
-    batch = training_batch(policy)
-    example, worker_cls, model = (
-        ("math_code.yaml", ActorTrainWorker, policy) if section == "actor_train"
-        else ("ppo_gae.yaml", CriticWorker, value_model)
+    packed = CUTS[cut_name][3]
+    batch = training_batch(models[False][0])
+    example, worker_cls, which = (
+        ("math_code.yaml", ActorTrainWorker, 0) if section == "actor_train" else ("ppo_gae.yaml", CriticWorker, 1)
     )
+    model = models[False][which]
     whole, whole_grads = train_once(worker_cls, config(example, mode, ONE_PASS, section), model, batch)
-    cut, cut_grads = train_once(worker_cls, config(example, mode, CUTS[cut_name], section), model, batch)
+    model = models[packed][which]
+    rows_seen: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: rows_seen.append(len(kwargs["input_ids"])),
+                                           with_kwargs=True)
+    try:
+        cut, cut_grads = train_once(worker_cls, config(example, mode, CUTS[cut_name], section), model, batch)
+    finally:
+        hook.remove()
+    assert (set(rows_seen) == {1}) == packed and len(rows_seen) >= 3, rows_seen  # packed: one row a micro-batch
+    if packed and CUTS[cut_name][2]:  # one forward a micro-batch, cut by the tokens read
+        assert len(rows_seen) == len(token_budget_plan(*row_lengths(batch), CUTS[cut_name][2], packed=True))
     assert whole_grads.keys() == cut_grads.keys() and len(whole_grads) == len(list(model.parameters()))
     scale = max(float(g.abs().max()) for g in whole_grads.values())
     worst = max(float((whole_grads[k] - cut_grads[k]).abs().max()) for k in whole_grads)
@@ -146,7 +166,9 @@ def test_a_step_cut_any_way_has_the_loss_and_gradient_of_one_pass(models, sectio
     assert worst / scale < GRAD_RTOL and loss_diff < LOSS_RTOL, (worst / scale, loss_diff)
     assert cut.keys() - whole.keys() == ({f"{worker_cls.metric_prefix}/rows_over_token_budget"} if CUTS[cut_name][2] else set())
     pad = f"{worker_cls.metric_prefix}/pad_frac"
-    if CUTS[cut_name][2] is None:  # fixed micro-batches run the batch's full widths, like the one pass
+    if packed:  # the tokens read alone
+        assert cut[pad] == 0.0 < whole[pad]
+    elif CUTS[cut_name][2] is None:  # fixed micro-batches run the batch's full widths, like the one pass
         assert cut[pad] == whole[pad] > 0.5
     else:
         assert cut[pad] < whole[pad] / 2, (cut[pad], whole[pad])

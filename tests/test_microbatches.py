@@ -147,15 +147,20 @@ def test_cut_trims_each_micro_batch_and_keeps_a_column_where_its_rows_have_none(
     assert shapes == [(1, 1), (2, 2), (1, 1)]
 
 
-def test_a_forward_that_shares_prompts_gets_a_prompts_rows_together_where_that_runs_fewer_tokens():
-    """by_token_budget's micro-batches, as `run` sees them: the plan of test_the_plan_that_runs_fewer_tokens_...
-    with long prompts (two prompts of 100 tokens, four responses each)."""
+def two_long_prompts() -> Batch:
+    """Two prompts of 100 tokens (ids 7 and 8), four responses each, of 50 and 10 tokens in turn."""
     prompt_ids = torch.cat([torch.full((4, 100), 7), torch.full((4, 100), 8)])
     response_mask = torch.zeros(8, 50)
     for i, r in enumerate([50, 10] * 4):
         response_mask[i, :r] = 1
-    batch = Batch({"prompt_ids": prompt_ids, "prompt_mask": torch.ones(8, 100, dtype=torch.long),
-                   "response_ids": response_mask.long() * 5, "response_mask": response_mask})
+    return Batch({"prompt_ids": prompt_ids, "prompt_mask": torch.ones(8, 100, dtype=torch.long),
+                  "response_ids": response_mask.long() * 5, "response_mask": response_mask})
+
+
+def test_a_forward_that_shares_prompts_gets_a_prompts_rows_together_where_that_runs_fewer_tokens():
+    """by_token_budget's micro-batches, as `run` sees them: the plan of test_the_plan_that_runs_fewer_tokens_...
+    with long prompts (two_long_prompts)."""
+    batch = two_long_prompts()
     seen: list[int] = []
 
     def run(micro: Batch) -> torch.Tensor:
@@ -258,13 +263,16 @@ def test_a_budget_under_one_row_is_refused_at_load_naming_the_key_and_the_row():
     assert cfg.config.critic.infer_max_tokens_per_microbatch == 160
 
 
-def test_the_reference_cuts_its_log_prob_pass_by_the_configured_budget():
-    """The section's key reaches the worker's forward passes: each micro-batch the model sees is no wider than its
-    own rows need and holds at most the budget's tokens, and the log-probs are those of fixed micro-batches."""
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_reference_cuts_its_log_prob_pass_by_the_configured_budget(packed):
+    """The section's keys reach the worker's forward passes: each micro-batch the model sees is no wider than its
+    own rows need (with use_sequence_packing: one row of the tokens read) and holds at most the budget's tokens,
+    and the log-probs are those of fixed micro-batches."""
     from workers.reference import ReferenceWorker
 
     budget = 160  # one row of the example's data.prompt_length + max_new_tokens, overridden to 128 + 32 below
     cfg = load_run_config(EXAMPLES / "grpo.yaml", [
+        f"reference.use_sequence_packing={packed}",
         f"reference.infer_max_tokens_per_microbatch={budget}", "data.prompt_length=128",
         "actor_infer.generating_args.max_new_tokens=32", f"reference.torch_threads={torch.get_num_threads()}",
     ]).config
@@ -282,4 +290,8 @@ def test_the_reference_cuts_its_log_prob_pass_by_the_configured_budget():
     torch.testing.assert_close(budgeted, fixed, rtol=0, atol=ATOL)
     full = batch["prompt_ids"].shape[1] + batch["response_ids"].shape[1]
     assert len(seen) > 1 and all(rows * width <= budget or rows == 1 for rows, width in seen), seen
-    assert min(width for _, width in seen) < full, seen
+    assert all(rows == 1 for rows, _ in seen) == packed, seen
+    if packed:  # every token read once, none of the padding
+        assert sum(width for _, width in seen) == sum(map(sum, row_lengths(batch))) > 2 * budget, seen
+    else:
+        assert min(width for _, width in seen) < full, seen

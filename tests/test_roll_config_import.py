@@ -291,3 +291,40 @@ def test_rolls_dynamic_batching_of_the_log_prob_passes_and_the_train_step_become
     config = checked_config(source, []).config
     assert "infer_max_tokens_per_microbatch" not in config["reference"]
     assert "max_tokens_per_microbatch" not in config["actor_train"].get("training_args", {})
+
+
+def test_rolls_sequence_packing_and_attention_kernel_are_mapped(tmp_path):
+    """use_sequence_packing on the trained and reference clusters, its packed lengths as the token budgets where
+    dynamic batching set none, and fa2 as transformers' flash_attention_2; actor_infer's packing is its engine's."""
+    from roll_pipeline.roll_import.writing import checked_config
+
+    tree = yaml.safe_load((FIXTURES / "lora.yaml").read_text())
+    for key in ("lora_target", "lora_rank", "lora_alpha"):
+        del tree["actor_train"]["model_args"][key], tree["actor_infer"]["model_args"][key]
+    packing = {"algorithm": "load_balance", "max_packed_sequence_length_train": 8192,
+               "max_packed_sequence_length_forward": 16384, "min_num_micro_batches_train": 1}
+    for section in ("actor_train", "reference", "actor_infer"):
+        tree.setdefault(section, {}).update(use_sequence_packing=True, sequence_packing_args=dict(packing))
+        tree[section].setdefault("model_args", {})["attn_implementation"] = "fa2"
+    tree["reference"]["model_args"]["attn_implementation"] = "auto"
+    tree["actor_train"].update(use_dynamic_batching_in_train=True, max_tokens_per_microbatch_in_train=4096)
+    source = tmp_path / "packing.yaml"
+    source.write_text(yaml.safe_dump(tree))
+    result = checked_config(source, [])
+    assert result.problems is None and not result.report.unsupported
+    train, ref, infer = (result.config[s] for s in ("actor_train", "reference", "actor_infer"))
+    assert train["use_sequence_packing"] is ref["use_sequence_packing"] is True
+    assert "use_sequence_packing" not in infer
+    assert train["training_args"]["max_tokens_per_microbatch"] == 4096  # dynamic batching's, not the packed length
+    assert train["infer_max_tokens_per_microbatch"] == ref["infer_max_tokens_per_microbatch"] == 16384
+    assert train["model_args"]["attn_implementation"] == infer["model_args"]["attn_implementation"] == (
+        "flash_attention_2")
+    assert "attn_implementation" not in ref["model_args"]
+    mapped = dict(result.report.mapped)
+    assert mapped["reference.sequence_packing_args.max_packed_sequence_length_forward"].startswith(
+        "reference.infer_max_tokens_per_microbatch: 16384")
+    assert "dynamic batching" in mapped["actor_train.sequence_packing_args.max_packed_sequence_length_train"]
+    assert "nothing here" in mapped["actor_infer.use_sequence_packing"]
+    for section in ("actor_train", "reference", "actor_infer"):
+        assert "nothing here" in mapped[f"{section}.sequence_packing_args.algorithm"]
+    assert "nothing here" in mapped["reference.model_args.attn_implementation"]

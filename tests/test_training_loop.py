@@ -178,3 +178,30 @@ def test_a_row_longer_than_the_budget_runs_alone_and_is_counted():
     metrics = worker.train_loop(long_tailed(8))
     assert [n for n, *_ in worker.seen] == [1, 1, 1, 1, 1, 1, 2]
     assert metrics["test/rows_over_token_budget"] == 1.0  # row 7: 13 tokens (row 3's 12 fit)
+
+
+@pytest.mark.parametrize("shares", [False, True])
+def test_only_a_forward_that_shares_prompts_gets_a_prompts_rows_together(shares):
+    """Two prompts of 100 tokens with four responses each, budget 600: a prompt's rows together where the objective
+    runs a shared prompt once (actor_train's causal LM), rows by length where it does not (the critic's value
+    model, whose forward would run every row's prompt: together would pad more for nothing)."""
+    from tests.test_microbatches import two_long_prompts
+
+    class Sharing(CountingWorker):
+        shares_prompts = shares
+
+    overrides = [
+        "actor_train.training_args.per_device_train_batch_size=4",
+        "actor_train.training_args.gradient_accumulation_steps=2",
+        "actor_train.training_args.max_tokens_per_microbatch=600",
+        "data.prompt_length=100",
+        "actor_infer.generating_args.max_new_tokens=50",
+    ]
+    worker = Sharing(load_config(EXAMPLES / "math_code.yaml", overrides).config)
+    worker.strategy.device = torch.device("cpu")  # the prompts' values are read
+    seen: list[int] = []
+    worker.objective = lambda micro, norm, token_norm: (
+        seen.append(len(set(micro["prompt_ids"][:, 0].tolist()))) or torch.zeros((), device="meta"), {}
+    )
+    worker.train_loop(two_long_prompts().update({"in_loss": torch.ones(8)}))
+    assert seen == ([1, 1] if shares else [2, 2])  # distinct prompts in each micro-batch

@@ -10,7 +10,7 @@ from torch import nn
 from roll_core.algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate_loss
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import PipelineConfig
-from roll_core.models.forward import can_share_prompts, log_probs_from_logits, response_logits
+from roll_core.models.forward import can_share_prompts, response_log_probs
 from roll_core.models.microbatches import log_probs_in_micro_batches
 from roll_core.models.sampling import SamplingDistribution
 from workers.base import release_free_memory
@@ -81,7 +81,7 @@ class ActorTrainWorker(TrainedWorker):
     """The weight-transfer engines to actor_infer (`send_weights`), once opened."""
 
     def model(self) -> nn.Module:
-        model = load_causal_lm(self.section.model_args)
+        model = load_causal_lm(self.section.model_args, self.section.use_sequence_packing)
         return model if self.section.lora is None else with_lora(model, self.section.lora)
 
     @property
@@ -93,12 +93,15 @@ class ActorTrainWorker(TrainedWorker):
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="actor_train.compute_log_probs")
         self.on_device()
         self.strategy.module.eval()
-        return log_probs_in_micro_batches(self.strategy.module, batch, *self.forward_micro_batches)
+        return self.log_probs_without_gradient(self.strategy.module, batch)
 
-    @property
-    def forward_micro_batches(self) -> tuple[int, SamplingDistribution, int | None]:
-        """log_probs_in_micro_batches' micro-batch size, sampling distribution and token budget for this section."""
-        return self.section.infer_batch_size, self.sampling, self.section.infer_max_tokens_per_microbatch
+    def log_probs_without_gradient(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """The model's log-probs of the batch's responses, cut into micro-batches as this section says (rows at a
+        time or a token budget, padded or packed)."""
+        s = self.section
+        return log_probs_in_micro_batches(
+            model, batch, s.infer_batch_size, self.sampling, s.infer_max_tokens_per_microbatch, s.use_sequence_packing
+        )
 
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
         """The reference's log-probs where the policy trains LoRA adapters: the base model is the reference, so they
@@ -112,7 +115,7 @@ class ActorTrainWorker(TrainedWorker):
         model = self.strategy.module
         model.eval()
         with model.disable_adapter():
-            return log_probs_in_micro_batches(model, batch, *self.forward_micro_batches)
+            return self.log_probs_without_gradient(model, batch)
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over this rank's shard in mini-batches; returns averaged metrics."""
@@ -140,13 +143,13 @@ class ActorTrainWorker(TrainedWorker):
         return batch.update({"old_log_probs": torch.cat([first, rest_old]), "own_old_log_probs": own})
 
     def objective(self, micro: Batch, norm: float, token_norm: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        logits = response_logits(self.strategy.engine, micro)
-        log_probs, entropy = log_probs_from_logits(
-            logits,
-            micro["response_ids"],
+        log_probs, entropy = response_log_probs(
+            self.strategy.engine,
+            micro,
             self.sampling,
             with_entropy=True,
             entropy_grad=self.cfg.entropy_loss_coef != 0,  # otherwise the entropy is only logged
+            packed=self.section.use_sequence_packing,
         )
         if "old_log_probs" not in micro:  # one optimizer step: the policy now is the old one
             micro = micro.update({"old_log_probs": log_probs.detach()})

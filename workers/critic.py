@@ -35,7 +35,7 @@ class CriticWorker(TrainedWorker):
     metric_prefix = "critic"
 
     def model(self) -> nn.Module:
-        model = load_value_model(self.section.model_args)
+        model = load_value_model(self.section.model_args, self.section.use_sequence_packing)
         # With LoRA the fresh value head trains whole, beside the adapters (peft keeps a token classifier's head
         # trainable).
         return model if self.section.lora is None else with_lora(model, self.section.lora, TOKEN_CLS)
@@ -44,8 +44,9 @@ class CriticWorker(TrainedWorker):
         batch.require("prompt_ids", "prompt_mask", "response_ids", "response_mask", where="critic.compute_values")
         self.on_device()
         self.strategy.module.eval()
+        s = self.section
         return values_in_micro_batches(
-            self.strategy.module, batch, self.section.infer_batch_size, self.section.infer_max_tokens_per_microbatch
+            self.strategy.module, batch, s.infer_batch_size, s.infer_max_tokens_per_microbatch, s.use_sequence_packing
         )
 
     def train_step(self, batch: Batch) -> dict[str, float]:
@@ -53,5 +54,5 @@ class CriticWorker(TrainedWorker):
         return self.train_loop(batch)
 
     def objective(self, micro: Batch, norm: float, token_norm: float) -> tuple[torch.Tensor, dict[str, float]]:
-        values = response_values(self.strategy.engine, micro)
+        values = response_values(self.strategy.engine, micro, self.section.use_sequence_packing)
         return value_objective(values, micro, self.cfg, self.section.value_clip, norm, token_norm)

@@ -129,7 +129,7 @@ class TrainedWorker(Worker):
                     skipped += 1
                     continue
                 micro_batches, longer = self.micro_batches(minibatch)
-                tokens_read, tokens_run = padding(micro_batches)
+                tokens_read, tokens_run = padding(micro_batches, self.section.use_sequence_packing)
                 over, read, run = over + longer, read + tokens_read, run + tokens_run
                 for i, micro in enumerate(micro_batches):
                     # the optimizer steps after the mini-batch's last micro-batch, however many there are
@@ -155,17 +155,18 @@ class TrainedWorker(Worker):
         """The mini-batch's micro-batches, and how many rows ran alone for being longer than the token budget:
         per_device_train_batch_size rows at a time, or with training_args.max_tokens_per_microbatch those of
         `budget_plan` (a prompt's rows together where that runs fewer tokens), as many on this rank as on the rank
-        that needs most."""
-        ta = self.section.training_args
+        that needs most. With use_sequence_packing the objective packs each micro-batch's rows into one, and the
+        budget counts the tokens they read."""
+        ta, packed = self.section.training_args, self.section.use_sequence_packing
         budget = ta.max_tokens_per_microbatch
         if budget is None:
             return minibatch.split(ta.per_device_train_batch_size), 0
         lengths = row_lengths(minibatch)
-        groups = prompt_groups(minibatch) if self.shares_prompts else None
-        plan = budget_plan(*lengths, budget, groups)
+        groups = prompt_groups(minibatch) if self.shares_prompts and not packed else None
+        plan = budget_plan(*lengths, budget, groups, packed=packed)
         most = most_across_ranks(len(plan), self.world_size, self.strategy.device)
         if most > len(plan):
-            plan = budget_plan(*lengths, budget, groups, at_least=most)
+            plan = budget_plan(*lengths, budget, groups, at_least=most, packed=packed)
         return cut(minibatch, plan, lengths), over_budget(*lengths, budget)
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:

@@ -20,6 +20,11 @@ class ModelArgs:
     mistaken for a hub id (an `org/name` that does not exist there)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gradient_checkpointing: bool = False
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"] | None = None
+    """transformers' attention kernel for this model (`from_pretrained(attn_implementation=...)`); None: its default
+    (sdpa; with the section's use_sequence_packing, sdpa row by row). flash_attention_2 needs the flash-attn package
+    and a CUDA GPU (`roll run --dry-run` checks); with use_sequence_packing it runs packed rows through its
+    variable-length kernel."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,6 +206,15 @@ class ClusterConfig:
     padded only to its own longest prompt and response and holding at most this many tokens, padding included; a
     row longer than it runs alone. Must hold one row of data.prompt_length + max_new_tokens (checked at load).
     None: infer_batch_size rows at a time, padded to the batch's longest row."""
+    use_sequence_packing: bool = False
+    """Run each micro-batch's rows packed into one sequence of the tokens they read, no padding (ROLL's
+    use_sequence_packing, verl's use_remove_padding): position ids restart at each row, and attention stays inside
+    each row: FlashAttention's variable-length kernel with model_args.attn_implementation flash_attention_2 (GPU);
+    with no kernel named, or sdpa, the model loads with sdpa row by row (one sdpa call per packed row; eager and other
+    named kernels are kept and mask across rows). For the forward passes without gradient and, on actor_train and
+    critic, the train step. A token budget then counts the tokens read; a packed micro-batch runs each row's prompt
+    (no prompt shared among a group's rows). The results equal those of padded micro-batches up to rounding
+    (docs/micro-batches.md)."""
     placement: Literal["default", "pack", "spread", "strict_spread"] = "default"
     """Where the workers go. `default`: wherever Ray finds their resources. The others reserve one placement-group
     bundle per worker (all workers start together or not at all): `pack` on as few nodes as possible (colocated
@@ -322,6 +336,11 @@ class ActorInferConfig(ClusterConfig):
         yield from super().validate()
         if self.strategy_args.strategy_name not in INFER_STRATEGIES:
             yield "strategy_args.strategy_name", f"must be one of {list(INFER_STRATEGIES)}"
+        if self.use_sequence_packing:
+            yield "use_sequence_packing", (
+                "actor_infer generates, and its engine batches the sequences itself: packing is for actor_train, "
+                "reference and critic"
+            )
         transport = self.weight_transport
         key = "strategy_args.strategy_config.weight_transport"
         if transport not in WEIGHT_TRANSPORTS:

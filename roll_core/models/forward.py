@@ -127,32 +127,92 @@ def log_probs_from_logits(
     return sampling.log_probs(logits, tokens, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
+def packed_sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows of `batch` packed into one row of the tokens they read, no padding (sequence packing): input_ids
+    and position_ids (1, T), each row's positions counting from 0 again; then, in row-major order, the index in T
+    of the token whose output predicts each response token the rows read (the token before it), and the (B, R)
+    mask of where those response tokens stand.
+
+    Positions that restart tell transformers where a row begins: with no attention mask and no cache it keeps each
+    token's attention inside its own row (a block-diagonal causal mask for sdpa and eager attention, the
+    variable-length kernel for FlashAttention), so every row's outputs are those of its padded forward."""
+    input_ids, attention_mask, position_ids = concat_prompt_response(batch)
+    read = attention_mask.bool()
+    index = read.flatten().cumsum(0).view_as(read) - 1  # each read token's place in the packed row
+    width = batch["prompt_ids"].shape[1]
+    predicted = read[:, width:] & read[:, width - 1 : -1]
+    return input_ids[read][None], position_ids[read][None], index[:, width - 1 : -1][predicted], predicted
+
+
+def packed_forward(model: torch.nn.Module, batch: Batch, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's outputs (K, ...) at the K tokens that predict the response tokens the rows read, from one
+    forward over the rows packed (`packed_sequence`), and the (B, R) mask of those response tokens. `logits`: a
+    causal LM that takes `logits_to_keep` puts only those K positions through its output layer.
+
+    The forward runs without a cache: transformers finds packed rows only where there is none (a causal LM makes
+    one by default outside training), and the rows would otherwise attend to each other."""
+    input_ids, position_ids, before, predicted = packed_sequence(batch)
+    inputs = {"input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
+    if logits and takes_logits_to_keep(model):
+        return model(**inputs, logits_to_keep=before).logits[0], predicted
+    return model(**inputs).logits[0, before], predicted
+
+
+def spread(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """(B, R): `values` (K,) at the K places of `where` in row-major order, 0 elsewhere (differentiable)."""
+    return values.new_zeros(where.shape).masked_scatter(where, values)
+
+
+def response_log_probs(
+    model: torch.nn.Module,
+    batch: Batch,
+    sampling: SamplingDistribution = FULL_SOFTMAX,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    packed: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (B, R) of the response tokens under `sampling`, and optionally their entropies (see
+    `log_probs_from_logits`): from a forward over the padded rows (`response_logits`, which may run a shared prompt
+    once), or with `packed` over the rows packed into one (`packed_forward`; 0 at the columns a row does not
+    read)."""
+    tokens = batch["response_ids"]
+    if not packed:
+        return log_probs_from_logits(response_logits(model, batch), tokens, sampling, with_entropy, entropy_grad)
+    logits, predicted = packed_forward(model, batch)
+    log_probs, entropy = log_probs_from_logits(logits[None], tokens[predicted][None], sampling, with_entropy,
+                                               entropy_grad)
+    return spread(log_probs[0], predicted), None if entropy is None else spread(entropy[0], predicted)
+
+
 @torch.no_grad()
 def batched_log_probs(
-    model: torch.nn.Module, batch: Batch, micro_batch_size: int, sampling: SamplingDistribution
+    model: torch.nn.Module, batch: Batch, micro_batch_size: int, sampling: SamplingDistribution, packed: bool = False
 ) -> torch.Tensor:
-    """(B, R) response log-probs without gradient, computed `micro_batch_size` samples at a time on the model's
-    device; the result is on the batch's device."""
+    """(B, R) response log-probs without gradient, computed `micro_batch_size` samples at a time (with `packed`,
+    each micro-batch's rows packed into one) on the model's device; the result is on the batch's device."""
     device, home = model_device(model), batch["response_mask"].device
     parts = []
     for micro in batch.split(micro_batch_size):
         micro = micro.to(device)
-        logits = response_logits(model, micro)
-        parts.append(log_probs_from_logits(logits, micro["response_ids"], sampling)[0].to(home))
+        parts.append(response_log_probs(model, micro, sampling, packed=packed)[0].to(home))
     return torch.cat(parts) * batch["response_mask"]
 
 
 @torch.no_grad()
-def batched_values(model: torch.nn.Module, batch: Batch, micro_batch_size: int) -> torch.Tensor:
-    """(B, R) value estimates without gradient, `micro_batch_size` samples at a time on the model's device; the
-    result is on the batch's device."""
+def batched_values(model: torch.nn.Module, batch: Batch, micro_batch_size: int, packed: bool = False) -> torch.Tensor:
+    """(B, R) value estimates without gradient, `micro_batch_size` samples at a time (with `packed`, each
+    micro-batch's rows packed into one) on the model's device; the result is on the batch's device."""
     device, home = model_device(model), batch["response_mask"].device
-    parts = [response_values(model, m.to(device)).to(home) for m in batch.split(micro_batch_size)]
+    parts = [response_values(model, m.to(device), packed).to(home) for m in batch.split(micro_batch_size)]
     return torch.cat(parts) * batch["response_mask"]
 
 
-def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """(B, R) value estimates from a token-classification model with one label, at the state before each token."""
+def response_values(model: torch.nn.Module, batch: Batch, packed: bool = False) -> torch.Tensor:
+    """(B, R) value estimates from a token-classification model with one label, at the state before each token;
+    with `packed` from one forward over the rows packed (0 at the columns a row does not read)."""
+    if packed:
+        values, predicted = packed_forward(model, batch, logits=False)
+        return spread(values[:, 0].float(), predicted)
     input_ids, attention_mask, position_ids = concat_prompt_response(batch)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     response_len = batch["response_ids"].shape[1]

@@ -40,11 +40,12 @@ def prompt_groups(batch: Batch) -> list[int]:
 
 def token_budget_plan(
     prompt_lens: list[int], response_lens: list[int], max_tokens: int, at_least: int = 1,
-    groups: list[int] | None = None,
+    groups: list[int] | None = None, packed: bool = False,
 ) -> list[list[int]]:
     """The row indices of each micro-batch: rows longest first (prompt and response together; ties in row order),
     each micro-batch taking the next row while (its rows) x (its longest prompt + its longest response) stays
-    within `max_tokens`. A row longer than the budget alone is a micro-batch of its own.
+    within `max_tokens`; with `packed` (its rows run packed into one, no padding: forward.packed_sequence), while
+    the sum of its rows' lengths does. A row longer than the budget alone is a micro-batch of its own.
 
     `groups` (`prompt_groups`): the rows of one prompt are kept next to each other, longest first, the groups
     ordered by their longest row, so that a micro-batch holds whole groups where the budget allows and runs each of
@@ -67,14 +68,14 @@ def token_budget_plan(
         order = sorted(range(len(length)), key=lambda i: (-longest[groups[i]], groups[i], -length[i]))
     plan: list[list[int]] = []
     rows: list[int] = []
-    longest_prompt = longest_response = 0
+    longest_prompt = longest_response = tokens = 0
     for i in order:
         p, r = max(longest_prompt, prompt_lens[i]), max(longest_response, response_lens[i])
-        if rows and (len(rows) + 1) * (p + r) > max_tokens:
+        if rows and (tokens + length[i] if packed else (len(rows) + 1) * (p + r)) > max_tokens:
             plan.append(rows)
-            rows, p, r = [], prompt_lens[i], response_lens[i]
+            rows, p, r, tokens = [], prompt_lens[i], response_lens[i], 0
         rows.append(i)
-        longest_prompt, longest_response = p, r
+        longest_prompt, longest_response, tokens = p, r, tokens + length[i]
     if rows:
         plan.append(rows)
     while len(plan) < at_least:
@@ -100,15 +101,16 @@ def tokens_run(plan: list[list[int]], prompt_lens: list[int], response_lens: lis
 
 def budget_plan(
     prompt_lens: list[int], response_lens: list[int], max_tokens: int, groups: list[int] | None,
-    at_least: int = 1,
+    at_least: int = 1, packed: bool = False,
 ) -> list[list[int]]:
     """`token_budget_plan` with a prompt's rows together and with rows by length alone, whichever runs fewer
-    tokens (`tokens_run`); by length alone where the forward does not share prompts (`groups` None). Measured
+    tokens (`tokens_run`); by length alone where the forward does not share prompts (`groups` None) and where it
+    packs the rows (`packed`: no padding to save, and packed rows each run their own prompt). Measured
     (benchmarks/bench_microbatches.py): with prompts as long as the responses, rows by length alone pad least and
     train fastest; with prompts several times longer, a prompt run once for its rows saves more than the padding
     costs."""
-    by_length = token_budget_plan(prompt_lens, response_lens, max_tokens, at_least)
-    if groups is None:
+    by_length = token_budget_plan(prompt_lens, response_lens, max_tokens, at_least, packed=packed)
+    if groups is None or packed:
         return by_length
     together = token_budget_plan(prompt_lens, response_lens, max_tokens, at_least, groups)
     fewer = tokens_run(together, prompt_lens, response_lens, groups) < tokens_run(
@@ -148,25 +150,28 @@ def cut(batch: Batch, plan: list[list[int]], lengths: tuple[list[int], list[int]
     ]
 
 
-def padding(micro_batches: list[Batch]) -> tuple[int, int]:
+def padding(micro_batches: list[Batch], packed: bool = False) -> tuple[int, int]:
     """The tokens the micro-batches' rows read and the tokens their forwards run, padding included (each
-    micro-batch is its rows x (prompt columns + response columns))."""
+    micro-batch is its rows x (prompt columns + response columns); with `packed`, only the tokens read)."""
     read = run = 0
     for micro in micro_batches:
         prompt_lens, response_lens = row_lengths(micro)
         read += sum(prompt_lens) + sum(response_lens)
         run += len(micro) * (micro["prompt_ids"].shape[1] + micro["response_ids"].shape[1])
-    return read, run
+    return read, read if packed else run
 
 
 def by_token_budget(
-    batch: Batch, max_tokens: int, run: Callable[[Batch], torch.Tensor], shares_prompts: bool = False
+    batch: Batch, max_tokens: int, run: Callable[[Batch], torch.Tensor], shares_prompts: bool = False,
+    packed: bool = False,
 ) -> torch.Tensor:
     """`run` (a (b, r) per-response-token result, e.g. log-probs) over the micro-batches of `budget_plan` (with
-    `shares_prompts`, where `run` runs a prompt once for its rows), each trimmed to its own rows' lengths; the
-    results put back in the batch's row order and response width, zero past each micro-batch's width."""
+    `shares_prompts`, where `run` runs a prompt once for its rows; with `packed`, where it packs them), each
+    trimmed to its own rows' lengths; the results put back in the batch's row order and response width, zero past
+    each micro-batch's width."""
     lengths = row_lengths(batch)
-    plan = budget_plan(*lengths, max_tokens, prompt_groups(batch) if shares_prompts else None)
+    groups = prompt_groups(batch) if shares_prompts else None
+    plan = budget_plan(*lengths, max_tokens, groups, packed=packed)
     if not plan:
         raise ValueError("an empty batch has no micro-batches")
     out: torch.Tensor | None = None
@@ -180,22 +185,27 @@ def by_token_budget(
 
 def log_probs_in_micro_batches(
     model: torch.nn.Module, batch: Batch, micro_batch_size: int, sampling: SamplingDistribution,
-    max_tokens: int | None = None,
+    max_tokens: int | None = None, packed: bool = False,
 ) -> torch.Tensor:
     """forward.batched_log_probs, `micro_batch_size` rows at a time, or with `max_tokens` in the micro-batches of
-    `budget_plan` (the model shares prompts where forward.can_share_prompts says so)."""
+    `budget_plan` (the model shares prompts where forward.can_share_prompts says so); with `packed`, each
+    micro-batch's rows packed into one."""
     if max_tokens is None:
-        return batched_log_probs(model, batch, micro_batch_size, sampling)
+        return batched_log_probs(model, batch, micro_batch_size, sampling, packed)
     return by_token_budget(
-        batch, max_tokens, lambda micro: batched_log_probs(model, micro, len(micro), sampling), can_share_prompts(model)
+        batch, max_tokens, lambda micro: batched_log_probs(model, micro, len(micro), sampling, packed),
+        can_share_prompts(model), packed,
     )
 
 
 def values_in_micro_batches(
-    model: torch.nn.Module, batch: Batch, micro_batch_size: int, max_tokens: int | None = None
+    model: torch.nn.Module, batch: Batch, micro_batch_size: int, max_tokens: int | None = None, packed: bool = False
 ) -> torch.Tensor:
     """forward.batched_values, `micro_batch_size` rows at a time, or with `max_tokens` in the micro-batches of
-    `budget_plan` by length alone (the value model does not share prompts)."""
+    `budget_plan` by length alone (the value model does not share prompts); with `packed`, each micro-batch's rows
+    packed into one."""
     if max_tokens is None:
-        return batched_values(model, batch, micro_batch_size)
-    return by_token_budget(batch, max_tokens, lambda micro: batched_values(model, micro, len(micro)))
+        return batched_values(model, batch, micro_batch_size, packed)
+    return by_token_budget(
+        batch, max_tokens, lambda micro: batched_values(model, micro, len(micro), packed), packed=packed
+    )

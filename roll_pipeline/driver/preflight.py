@@ -139,6 +139,7 @@ def preflight_with_data(resolved: ResolvedConfig, dry_run: bool = False) -> tupl
     checks += _job_copy_checks(cfg)
     checks += _reward_checks(cfg)
     checks += _strategy_checks(cfg, dry_run)
+    checks += _attention_checks(cfg, dry_run)
     checks += _plan_checks(cfg, dry_run)
 
     tokenizer = None
@@ -293,6 +294,39 @@ def _strategy_checks(cfg, dry_run: bool) -> list[Check]:
             )
         ]
     return [Check(key, True, f"vllm (its {build.upper()} build, importable here)")]
+
+
+#: The package each FlashAttention kernel of transformers imports, and what pip installs it as.
+FLASH_ATTENTION = {"flash_attention_2": ("flash_attn", "flash-attn"), "flash_attention_3": ("flash_attn_interface",
+                                                                                          "flash-attn-3")}
+
+
+def _attention_checks(cfg, dry_run: bool) -> list[Check]:
+    """A model_args.attn_implementation of FlashAttention needs its package and a CUDA GPU where the section's
+    workers run: on a host without a GPU, a dry run or a run that joins a Ray cluster leaves that to the GPU nodes."""
+    import torch
+
+    from workers.devices import wants_gpu
+
+    checks = []
+    for name in ("actor_train", "actor_infer", "reference", "critic"):
+        section = getattr(cfg, name)
+        kernel = None if section is None else section.model_args.attn_implementation
+        if kernel not in FLASH_ATTENTION:
+            continue
+        key, (module, package) = f"{name}.model_args.attn_implementation", FLASH_ATTENTION[kernel]
+        importable = importlib.util.find_spec(module) is not None
+        if importable and torch.cuda.is_available() and wants_gpu(section):
+            checks.append(Check(key, True, f"{kernel} ({module} importable here)"))
+        elif wants_gpu(section) and not torch.cuda.is_available() and (dry_run or _ray_cluster(cfg)):
+            checks.append(not_checked(key, f"{kernel}: this host has no CUDA GPU; {module} must be importable on "
+                                      f"{name}'s GPU nodes (pip install {package})"))
+        else:
+            where = "its workers have no GPU" if not wants_gpu(section) else (
+                "this host has no CUDA GPU" if importable else f"{module} is not importable (pip install {package})")
+            checks.append(Check(key, False, f"{kernel} needs the {package} package and a CUDA GPU, and {where}; "
+                                "sdpa (or null, transformers' default) runs anywhere"))
+    return checks
 
 
 # --- the placement plan ----------------------------------------------------------------------------------------

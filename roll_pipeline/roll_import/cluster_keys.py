@@ -29,11 +29,12 @@ SPEED_ONLY = {
 }
 
 #: Section keys about batching, padding and buffers: how the work is cut, not what is computed (but for the token
-#: budgets of the forward passes and the train step, which _token_budgets maps first).
+#: budgets of the forward passes and the train step and sequence packing, which _token_budgets and _packing map
+#: first).
 SECTION_SPEED_ONLY = (
     "offload_nccl", "use_remove_padding", "use_dynamic_batching_in_train", "use_dynamic_batching_in_infer",
     "max_tokens_per_microbatch_in_train", "max_tokens_per_microbatch_in_infer", "sequence_length_round_in_train",
-    "sequence_length_round_in_infer", "use_sequence_packing", "sequence_packing_args", "max_concurrency",
+    "sequence_length_round_in_infer", "use_sequence_packing", "max_concurrency",
     "backend_timeout", "logits_in_fp32", "model_update_frequency",
 )
 
@@ -84,6 +85,7 @@ def _cluster(imp: Importer, sec: str) -> None:
     trains = sec in ("actor_train", "critic")
     _model_args(imp, sec, trains)
     _token_budgets(imp, sec)
+    _packing(imp, sec)
     for key in SECTION_SPEED_ONLY:
         imp.dropped(f"{sec}.{key}", "how the work is batched or buffered, not what is computed")
     worker = src.get(f"{sec}.worker_cls")
@@ -129,6 +131,37 @@ def _token_budgets(imp: Importer, sec: str) -> None:
         imp.mapped(f"{sec}.max_tokens_per_microbatch_in_{kind}", ours, budget,
                    "rows longest first; a micro-batch's tokens counted with its padding")
         imp.part_of(f"{sec}.use_dynamic_batching_in_{kind}", ours)
+
+
+def _packing(imp: Importer, sec: str) -> None:
+    """ROLL's sequence packing: use_sequence_packing here too (actor_train, reference, critic; actor_infer's engine
+    batches its own sequences, and its key is dropped with the others), and its packed micro-batches' lengths
+    (sequence_packing_args.max_packed_sequence_length_*) as the token budgets, where dynamic batching did not set
+    them. How ROLL fills packed micro-batches (algorithm, min_num_micro_batches_*) is dropped."""
+    src, args = imp.src, f"{sec}.sequence_packing_args"
+    packing = sec != "actor_infer" and bool(src.get(f"{sec}.use_sequence_packing"))
+    if sec != "actor_infer":
+        imp.move(f"{sec}.use_sequence_packing", f"{sec}.use_sequence_packing", bool)
+    kinds = [("forward", f"{sec}.infer_max_tokens_per_microbatch")]
+    if sec in ("actor_train", "critic"):
+        kinds.append(("train", f"{sec}.training_args.max_tokens_per_microbatch"))
+    for kind, ours in kinds:
+        key = f"{args}.max_packed_sequence_length_{kind}"
+        if not packing or src.get(key) is None:
+            continue
+        if imp.ours(ours) is not None:
+            imp.dropped(key, f"{ours} is dynamic batching's max_tokens_per_microbatch_in_"
+                        f"{'train' if kind == 'train' else 'infer'}")
+            continue
+        imp.mapped(key, ours, src.get(key), "packed rows: the tokens they read, no padding")
+    why = "how packed micro-batches are filled (here: rows longest first while the budget holds them)"
+    if not packing:
+        why = "use_sequence_packing is off"
+    for key in src.keys(args):
+        trains = sec in ("actor_train", "critic") or not key.endswith("_train")
+        imp.dropped(f"{args}.{key}", why if trains else f"{sec} does not train")
+    if not src.keys(args):
+        imp.dropped(args, why)  # an empty one
 
 
 def _pg_variant(imp: Importer, worker: str) -> None:
@@ -178,8 +211,13 @@ def _model_args(imp: Importer, sec: str, trains: bool) -> None:
             imp.default(f"{sec}.model_args.gradient_checkpointing", True, "ROLL checkpoints gradients by default")
     else:
         imp.dropped(f"{m}.disable_gradient_checkpointing", "no gradients in this cluster")
-    for key in ("attn_implementation", "flash_attn"):
-        imp.dropped(f"{m}.{key}", "the attention kernel (the same maths)")
+    attention = src.get(f"{m}.attn_implementation")
+    if attention in ("fa2", "sdpa", "eager"):
+        kernel = {"fa2": "flash_attention_2"}.get(attention, attention)
+        imp.mapped(f"{m}.attn_implementation", f"{sec}.model_args.attn_implementation", kernel,
+                   "FlashAttention runs packed rows in its variable-length kernel" if attention == "fa2" else None)
+    imp.dropped(f"{m}.attn_implementation", "transformers' default attention kernel")  # auto, null
+    imp.dropped(f"{m}.flash_attn", "the attention kernel (the same maths)")
     imp.dropped(f"{m}.ulysses_size", "sequence parallelism splits each sequence over GPUs (the same maths)")
     if src.get(f"{m}.model_type") is None:
         imp.dropped(f"{m}.model_type", "null")

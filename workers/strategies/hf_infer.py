@@ -171,7 +171,7 @@ class HFInferStrategy:
         self.config = config
         self.device = torch.device(device) if device is not None else worker_device(config, name)
         self.tokenizer = load_tokenizer(config.model_args)
-        model = load_causal_lm(config.model_args)
+        model = load_causal_lm(config.model_args, config.use_sequence_packing)
         self.lora = lora
         if lora is not None:
             model = with_lora(model, lora)
@@ -283,8 +283,9 @@ class HFInferStrategy:
 
     def log_probs(self, batch, sampling: SamplingDistribution) -> torch.Tensor:
         self.wake_up()
+        c = self.config
         return log_probs_in_micro_batches(
-            self.model, batch, self.config.infer_batch_size, sampling, self.config.infer_max_tokens_per_microbatch
+            self.model, batch, c.infer_batch_size, sampling, c.infer_max_tokens_per_microbatch, c.use_sequence_packing
         )
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

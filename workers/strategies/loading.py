@@ -12,6 +12,7 @@ from transformers import (
 )
 
 from roll_core.config import ModelArgs
+from roll_core.models import row_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -24,12 +25,26 @@ def load_tokenizer(model_args: ModelArgs) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_causal_lm(model_args: ModelArgs) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, dtype=DTYPES[model_args.dtype])
+def load_causal_lm(model_args: ModelArgs, packed: bool = False) -> torch.nn.Module:
+    """The causal LM of model_args; `packed`: its forwards will run packed rows (the section's
+    use_sequence_packing)."""
+    return AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **model_kwargs(model_args, packed))
 
 
-def load_value_model(model_args: ModelArgs) -> torch.nn.Module:
-    """The policy's backbone with a fresh one-output head per token (the critic).
+def model_kwargs(model_args: ModelArgs, packed: bool = False) -> dict:
+    """from_pretrained's arguments from model_args: the dtype, and the attention kernel where one is named. For
+    packed rows, sdpa (named or transformers' default) runs row by row (roll_core/models/row_attention.py)."""
+    kwargs = {"dtype": DTYPES[model_args.dtype]}
+    kernel = model_args.attn_implementation
+    if packed and kernel in (None, "sdpa"):
+        kernel = row_attention.register()
+    if kernel is not None:
+        kwargs["attn_implementation"] = kernel
+    return kwargs
+
+
+def load_value_model(model_args: ModelArgs, packed: bool = False) -> torch.nn.Module:
+    """The policy's backbone with a fresh one-output head per token (the critic); `packed` as in load_causal_lm.
 
     Without dropout: transformers gives a token-classification head dropout 0.1 by default, so the values the
     critic trains on (train mode) would be noisy copies of the old values it is clipped against (computed in eval
@@ -39,7 +54,7 @@ def load_value_model(model_args: ModelArgs) -> torch.nn.Module:
     if hasattr(config, "attention_dropout"):
         config.attention_dropout = 0.0
     model = AutoModelForTokenClassification.from_pretrained(
-        model_args.model_name_or_path, config=config, dtype=DTYPES[model_args.dtype]
+        model_args.model_name_or_path, config=config, **model_kwargs(model_args, packed)
     )
     for module in model.modules():  # any other dropout layer the architecture builds
         if isinstance(module, torch.nn.Dropout):
