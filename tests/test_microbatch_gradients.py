@@ -50,10 +50,12 @@ class BackwardOnly:
         return 0.0
 
 
-# (per_device_train_batch_size, gradient_accumulation_steps, max_tokens_per_microbatch, use_sequence_packing): one
-# padded pass over the whole mini-batch, fixed micro-batches of 4 rows, and token budgets (60: a row of the longest
-# response and the longest prompt is 52 tokens; the rows' plan is 6 micro-batches of 1-5 rows), padded or packed.
-ONE_PASS = (ROWS, 1, None, False)
+# (per_device_train_batch_size, gradient_accumulation_steps, max_tokens_per_microbatch, use_sequence_packing,
+# sequence_length_round): one padded pass over the whole mini-batch, fixed micro-batches of 4 rows, and token budgets
+# (60: a row of the longest response and the longest prompt is 52 tokens; the rows' plan is 6 micro-batches of 1-5
+# rows), padded or packed; rounded up to multiples of 16 columns (the widest micro-batch then runs past the batch's
+# 52 columns: zeros appended).
+ONE_PASS = (ROWS, 1, None, False, 1)
 # Measured 2026-12-07 (AMD EPYC Zen 4, 2 threads, 3 runs, bitwise the same each run) over every case here: the
 # largest gradient difference 1.08e-6 of the largest gradient (actor_train, seq-mean-token-mean, budget 150), the
 # largest loss or metric difference 1.9e-7 of its value (or of 1); the order of the sums and the attention's shapes
@@ -63,13 +65,13 @@ ONE_PASS = (ROWS, 1, None, False)
 GRAD_RTOL = 1e-5
 LOSS_RTOL = 2e-6
 CUTS = {
-    "fixed": (4, 3, None, False), "budget_60": (4, 3, 60, False), "budget_150": (4, 3, 150, False),
-    "packed": (4, 3, None, True), "packed_budget_60": (4, 3, 60, True),
+    "fixed": (4, 3, None, False, 1), "budget_60": (4, 3, 60, False, 1), "budget_150": (4, 3, 150, False, 1),
+    "packed": (4, 3, None, True, 1), "packed_budget_60": (4, 3, 60, True, 1), "budget_64_round_16": (4, 3, 64, False, 16),
 }
 
 
-def config(example: str, mode: str, cut: tuple[int, int, int | None, bool], section: str):
-    rows, accumulation, budget, packed = cut
+def config(example: str, mode: str, cut: tuple[int, int, int | None, bool, int], section: str):
+    rows, accumulation, budget, packed, round_to = cut
     return load_config(EXAMPLES / example, [
         "rollout_batch_size=3", "num_return_sequences_in_group=4", "ppo_epochs=1",
         f"loss_agg_mode={mode}", "data.prompt_length=9", "actor_infer.generating_args.max_new_tokens=43",
@@ -78,6 +80,7 @@ def config(example: str, mode: str, cut: tuple[int, int, int | None, bool], sect
         f"{section}.training_args.gradient_accumulation_steps={accumulation}",
         f"{section}.training_args.max_tokens_per_microbatch={'null' if budget is None else budget}",
         f"{section}.use_sequence_packing={str(packed).lower()}",
+        f"{section}.training_args.sequence_length_round={round_to}",
         f"{section}.torch_threads={torch.get_num_threads()}",
         *(() if section == "actor_train" else (  # actor_train's own mini-batch must divide the step too
             f"actor_train.training_args.per_device_train_batch_size={ROWS}",
@@ -146,14 +149,19 @@ def test_a_step_cut_any_way_has_the_loss_and_gradient_of_one_pass(models, sectio
     model = models[False][which]
     whole, whole_grads = train_once(worker_cls, config(example, mode, ONE_PASS, section), model, batch)
     model = models[packed][which]
-    rows_seen: list[int] = []
-    hook = model.register_forward_pre_hook(lambda _, args, kwargs: rows_seen.append(len(kwargs["input_ids"])),
+    shapes: list[tuple[int, int]] = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
                                            with_kwargs=True)
     try:
         cut, cut_grads = train_once(worker_cls, config(example, mode, CUTS[cut_name], section), model, batch)
     finally:
         hook.remove()
+    rows_seen = [rows for rows, _ in shapes]
     assert (set(rows_seen) == {1}) == packed and len(rows_seen) >= 3, rows_seen  # packed: one row a micro-batch
+    round_to = CUTS[cut_name][4]
+    if round_to > 1:  # every width a multiple, one past the batch's own (zeros appended)
+        widths = {width for _, width in shapes}
+        assert all(width % round_to == 0 for width in widths) and max(widths) > 52, widths
     if packed and CUTS[cut_name][2]:  # one forward a micro-batch, cut by the tokens read
         assert len(rows_seen) == len(token_budget_plan(*row_lengths(batch), CUTS[cut_name][2], packed=True))
     assert whole_grads.keys() == cut_grads.keys() and len(whole_grads) == len(list(model.parameters()))

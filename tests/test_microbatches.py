@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from roll_core.batch import Batch
 from roll_core.config import ConfigError
-from roll_core.models.forward import FULL_SOFTMAX, batched_log_probs, batched_values
+from roll_core.models.forward import FULL_SOFTMAX, SHARE_FROM, batched_log_probs, batched_values
 from roll_core.models.microbatches import (
     budget_plan,
     by_token_budget,
@@ -134,6 +134,37 @@ def test_the_plans_edges():
     # tokens_run: one prompt of two rows runs once; three prompts of two rows each run once each
     assert tokens_run([[0, 1]], [100, 100], [5, 5], [0, 0]) == 100 + 2 * 5
     assert tokens_run([[0, 1, 2, 3, 4, 5]], [100] * 6, [5] * 6, [0, 0, 1, 1, 2, 2]) == 3 * 100 + 6 * 5
+
+
+def test_a_rounded_width_is_what_the_budget_counts_and_what_cut_pads_to():
+    # two rows of 3 + 2 tokens: 10 tokens padded as they are, 16 rounded up to widths of 8
+    assert token_budget_plan([3, 3], [2, 2], 10) == [[0, 1]]
+    assert token_budget_plan([3, 3], [2, 2], 10, round_to=8) == [[0], [1]]
+    assert token_budget_plan([3, 3], [2, 2], 16, round_to=8) == [[0, 1]]
+    assert token_budget_plan([3, 3], [2, 2], 10, packed=True, round_to=8) == [[0, 1]]  # packed: nothing to round
+    # tokens_run counts the rounding's response columns: 2 x (8 - 3), the prompt once
+    assert SHARE_FROM <= 2 and tokens_run([[0, 1]], [3, 3], [2, 2], [0, 0], round_to=8) == 3 + 2 * 5
+    assert budget_plan([3, 3], [2, 2], 10, [0, 0], round_to=8) == [[0], [1]]
+    batch = Batch({
+        "prompt_ids": torch.tensor([[0, 0, 7], [0, 6, 7]]),
+        "prompt_mask": torch.tensor([[0, 0, 1], [0, 1, 1]]),
+        "response_ids": torch.tensor([[5, 0, 0], [5, 5, 5]]),
+        "response_mask": torch.tensor([[1.0, 0, 0], [1, 1, 1]]),
+        "advantages": torch.tensor([[0.5, 0, 0], [1.0, 2, 3]]),
+    })
+    small, wide = cut(batch, [[0], [1]], round_to=4)
+    assert (small["prompt_ids"].shape[1], small["response_ids"].shape[1]) == (1, 3)  # 1 + 1 up to 4
+    assert (wide["prompt_ids"].shape[1], wide["response_ids"].shape[1]) == (2, 6)  # 2 + 3 up to 8, past the batch's 3
+    assert wide["response_mask"][0].tolist() == [1, 1, 1, 0, 0, 0] and wide["advantages"][0, 3:].eq(0).all()
+    assert row_lengths(wide) == ([2], [3])
+    assert cut(batch, [[0, 1]], round_to=1)[0]["response_ids"].shape[1] == 3
+    # no rounding unless asked: an odd width stays odd in the plan, the cut and a budgeted pass
+    assert budget_plan([3, 3], [2, 2], 10, None) == [[0, 1]]
+    assert cut(batch, [[1]])[0]["response_ids"].shape[1] == 3  # 2 + 3 columns
+    widths: list[int] = []
+    by_token_budget(batch, 100, lambda m: widths.append(m["prompt_ids"].shape[1] + m["response_ids"].shape[1])
+                    or torch.zeros(len(m), m["response_ids"].shape[1]))
+    assert widths == [5]
 
 
 def test_cut_trims_each_micro_batch_and_keeps_a_column_where_its_rows_have_none():
@@ -261,18 +292,43 @@ def test_a_budget_under_one_row_is_refused_at_load_naming_the_key_and_the_row():
             "actor_infer.generating_args.max_new_tokens = 128 + 32 = 160 tokens") in str(info.value)
     cfg = load_run_config(EXAMPLES / "ppo_gae.yaml", [*overrides[1:], "critic.infer_max_tokens_per_microbatch=160"])
     assert cfg.config.critic.infer_max_tokens_per_microbatch == 160
+    with pytest.raises(ConfigError) as info:  # rounded up, the row no longer fits
+        load_run_config(EXAMPLES / "ppo_gae.yaml", [*overrides[1:], "critic.training_args.max_tokens_per_microbatch=160",
+                                                     "critic.training_args.sequence_length_round=128"])
+    assert ("critic.training_args.max_tokens_per_microbatch: 160 tokens cannot hold one row: data.prompt_length + "
+            "actor_infer.generating_args.max_new_tokens = 128 + 32 = 160 tokens, 256 rounded up") in str(info.value)
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_the_reference_cuts_its_log_prob_pass_by_the_configured_budget(packed):
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["critic.infer_sequence_length_round=8"],
+     "critic.infer_sequence_length_round: rounds the micro-batches of a token budget: set "
+     "infer_max_tokens_per_microbatch, or 1"),
+    (["critic.training_args.sequence_length_round=0"],
+     "critic.training_args.sequence_length_round: must be >= 1 (1: no rounding), got 0"),
+    (["critic.training_args.max_tokens_per_microbatch=4096", "critic.training_args.sequence_length_round=8",
+      "critic.use_sequence_packing=true"],
+     "critic.training_args.sequence_length_round: use_sequence_packing runs no padding to round: set 1"),
+    (["reference.infer_max_tokens_per_microbatch=4096", "reference.infer_sequence_length_round=8",
+      "reference.use_sequence_packing=true"],
+     "reference.infer_sequence_length_round: use_sequence_packing runs no padding to round: set 1"),
+])
+def test_a_rounding_without_padding_to_round_is_refused_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_run_config(EXAMPLES / "ppo_gae.yaml", overrides)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(("packed", "round_to"), [(False, 1), (True, 1), (False, 32)])
+def test_the_reference_cuts_its_log_prob_pass_by_the_configured_budget(packed, round_to):
     """The section's keys reach the worker's forward passes: each micro-batch the model sees is no wider than its
-    own rows need (with use_sequence_packing: one row of the tokens read) and holds at most the budget's tokens,
-    and the log-probs are those of fixed micro-batches."""
+    own rows need (with use_sequence_packing: one row of the tokens read; with infer_sequence_length_round, that
+    rounded up to a multiple) and holds at most the budget's tokens, and the log-probs are those of fixed
+    micro-batches."""
     from workers.reference import ReferenceWorker
 
     budget = 160  # one row of the example's data.prompt_length + max_new_tokens, overridden to 128 + 32 below
     cfg = load_run_config(EXAMPLES / "grpo.yaml", [
-        f"reference.use_sequence_packing={packed}",
+        f"reference.use_sequence_packing={packed}", f"reference.infer_sequence_length_round={round_to}",
         f"reference.infer_max_tokens_per_microbatch={budget}", "data.prompt_length=128",
         "actor_infer.generating_args.max_new_tokens=32", f"reference.torch_threads={torch.get_num_threads()}",
     ]).config
@@ -295,3 +351,9 @@ def test_the_reference_cuts_its_log_prob_pass_by_the_configured_budget(packed):
         assert sum(width for _, width in seen) == sum(map(sum, row_lengths(batch))) > 2 * budget, seen
     else:
         assert min(width for _, width in seen) < full, seen
+        assert all(width % round_to == 0 for _, width in seen), seen
+        if round_to > 1:
+            unrounded = log_probs_in_micro_batches(model, batch, 4, worker.sampling, max_tokens=budget)
+            assert {width for _, width in seen} != {m["prompt_ids"].shape[1] + m["response_ids"].shape[1]
+                                                   for m in cut(batch, budget_plan(*row_lengths(batch), budget, None))}
+            torch.testing.assert_close(budgeted, unrounded, rtol=0, atol=ATOL)

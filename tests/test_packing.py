@@ -287,3 +287,36 @@ def test_row_mask_leaves_out_only_the_mask_of_one_packed_row():
         assert mask is not None and not mask.all(), change
     windowed = SimpleNamespace(layer_types=["full_attention", "sliding_attention"], sliding_window=2)
     assert row_mask(**one, config=windowed, local_size=2) is not None
+
+
+def test_row_mask_drops_the_block_diagonal_mask_transformers_makes_for_one_packed_row():
+    """transformers asks for a packed row's mask with its rows told apart (the mask function it builds from the
+    position ids, no causal skip): sdpa's mask is then block-diagonal; row_mask gives none for one row (row_attention
+    splits it) and sdpa's mask for two, or for a model with windowed layers."""
+    from types import SimpleNamespace
+
+    from transformers.masking_utils import (
+        and_masks,
+        causal_mask_function,
+        packed_sequence_mask_function,
+        sdpa_mask,
+    )
+
+    from roll_core.models.row_attention import row_mask
+
+    def packed(rows: int, tokens: int) -> dict:
+        rows_of = (torch.arange(tokens) >= tokens // 3).long().repeat(rows, 1)  # two packed rows in each
+        return {"batch_size": rows, "q_length": tokens, "kv_length": tokens, "q_offset": 0, "kv_offset": 0,
+                "attention_mask": None, "allow_is_causal_skip": False,
+                "mask_function": and_masks(causal_mask_function, packed_sequence_mask_function(rows_of))}
+
+    full = SimpleNamespace(layer_types=["full_attention"])
+    one = packed(1, 6)
+    block = sdpa_mask(**one)
+    assert block is not None and not block[0, 0, 3, :2].any()  # what the mask would be: rows kept apart
+    assert row_mask(**one, config=full) is None and row_mask(**one) is None
+    # lengths equal but not the same int object (a long packed row): still equal
+    assert row_mask(**packed(1, 600) | {"q_length": int("600"), "kv_length": int("600")}, config=full) is None
+    assert torch.equal(row_mask(**packed(2, 6), config=full), sdpa_mask(**packed(2, 6)))
+    windowed = SimpleNamespace(layer_types=["full_attention", "sliding_attention"], sliding_window=2)
+    assert torch.equal(row_mask(**one, config=windowed), block)

@@ -269,7 +269,7 @@ def test_rolls_dynamic_batching_of_the_log_prob_passes_and_the_train_step_become
             use_dynamic_batching_in_infer=True, max_tokens_per_microbatch_in_infer=8192,
             use_dynamic_batching_in_train=True, max_tokens_per_microbatch_in_train=8192,
         )
-    tree["reference"]["max_tokens_per_microbatch_in_infer"] = 4096
+    tree["reference"].update(max_tokens_per_microbatch_in_infer=4096, sequence_length_round_in_infer=128)
     source = tmp_path / "dynamic.yaml"
     source.write_text(yaml.safe_dump(tree))
     result = checked_config(source, [])
@@ -284,13 +284,23 @@ def test_rolls_dynamic_batching_of_the_log_prob_passes_and_the_train_step_become
         "actor_train.training_args.max_tokens_per_microbatch: 8192")
     assert mapped["reference.max_tokens_per_microbatch_in_infer"].startswith("reference.infer_max_tokens_per_microbatch: 4096")
     assert "nothing here" in mapped["actor_infer.max_tokens_per_microbatch_in_infer"]
+    # the rounding: ROLL's key where set, its default 4 where not
+    assert result.config["reference"]["infer_sequence_length_round"] == 128
+    assert mapped["reference.sequence_length_round_in_infer"].startswith("reference.infer_sequence_length_round: 128")
+    assert result.config["actor_train"]["infer_sequence_length_round"] == 4
+    assert result.config["actor_train"]["training_args"]["sequence_length_round"] == 4
+    defaults = [ours for roll, ours in result.report.mapped if roll == "(ROLL's default)"]
+    assert any(line.startswith("actor_train.training_args.sequence_length_round: 4 (ROLL pads") for line in defaults)
+    assert "infer_sequence_length_round" not in result.config["actor_infer"]
     # ROLL's flag off: its budget is not used there, nor here
     tree["reference"]["use_dynamic_batching_in_infer"] = False
     tree["actor_train"]["use_dynamic_batching_in_train"] = False
     source.write_text(yaml.safe_dump(tree))
     config = checked_config(source, []).config
     assert "infer_max_tokens_per_microbatch" not in config["reference"]
+    assert "infer_sequence_length_round" not in config["reference"]
     assert "max_tokens_per_microbatch" not in config["actor_train"].get("training_args", {})
+    assert "sequence_length_round" not in config["actor_train"].get("training_args", {})
 
 
 def test_rolls_sequence_packing_and_attention_kernel_are_mapped(tmp_path):
@@ -307,7 +317,8 @@ def test_rolls_sequence_packing_and_attention_kernel_are_mapped(tmp_path):
         tree.setdefault(section, {}).update(use_sequence_packing=True, sequence_packing_args=dict(packing))
         tree[section].setdefault("model_args", {})["attn_implementation"] = "fa2"
     tree["reference"]["model_args"]["attn_implementation"] = "auto"
-    tree["actor_train"].update(use_dynamic_batching_in_train=True, max_tokens_per_microbatch_in_train=4096)
+    tree["actor_train"].update(use_dynamic_batching_in_train=True, max_tokens_per_microbatch_in_train=4096,
+                               sequence_length_round_in_train=128)
     source = tmp_path / "packing.yaml"
     source.write_text(yaml.safe_dump(tree))
     result = checked_config(source, [])
@@ -325,6 +336,8 @@ def test_rolls_sequence_packing_and_attention_kernel_are_mapped(tmp_path):
         "reference.infer_max_tokens_per_microbatch: 16384")
     assert "dynamic batching" in mapped["actor_train.sequence_packing_args.max_packed_sequence_length_train"]
     assert "nothing here" in mapped["actor_infer.use_sequence_packing"]
+    assert "no padding to round" in mapped["actor_train.sequence_length_round_in_train"]
+    assert "sequence_length_round" not in train["training_args"]
     for section in ("actor_train", "reference", "actor_infer"):
         assert "nothing here" in mapped[f"{section}.sequence_packing_args.algorithm"]
     assert "nothing here" in mapped["reference.model_args.attn_implementation"]

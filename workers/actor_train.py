@@ -100,7 +100,8 @@ class ActorTrainWorker(TrainedWorker):
         time or a token budget, padded or packed)."""
         s = self.section
         return log_probs_in_micro_batches(
-            model, batch, s.infer_batch_size, self.sampling, s.infer_max_tokens_per_microbatch, s.use_sequence_packing
+            model, batch, s.infer_batch_size, self.sampling, s.infer_max_tokens_per_microbatch, s.use_sequence_packing,
+            s.infer_sequence_length_round,
         )
 
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:

@@ -46,7 +46,8 @@ class CriticWorker(TrainedWorker):
         self.strategy.module.eval()
         s = self.section
         return values_in_micro_batches(
-            self.strategy.module, batch, s.infer_batch_size, s.infer_max_tokens_per_microbatch, s.use_sequence_packing
+            self.strategy.module, batch, s.infer_batch_size, s.infer_max_tokens_per_microbatch, s.use_sequence_packing,
+            s.infer_sequence_length_round,
         )
 
     def train_step(self, batch: Batch) -> dict[str, float]:

@@ -156,18 +156,19 @@ class TrainedWorker(Worker):
         per_device_train_batch_size rows at a time, or with training_args.max_tokens_per_microbatch those of
         `budget_plan` (a prompt's rows together where that runs fewer tokens), as many on this rank as on the rank
         that needs most. With use_sequence_packing the objective packs each micro-batch's rows into one, and the
-        budget counts the tokens they read."""
+        budget counts the tokens they read; training_args.sequence_length_round pads each padded micro-batch's width
+        up to a multiple of it."""
         ta, packed = self.section.training_args, self.section.use_sequence_packing
-        budget = ta.max_tokens_per_microbatch
+        budget, round_to = ta.max_tokens_per_microbatch, ta.sequence_length_round
         if budget is None:
             return minibatch.split(ta.per_device_train_batch_size), 0
         lengths = row_lengths(minibatch)
         groups = prompt_groups(minibatch) if self.shares_prompts and not packed else None
-        plan = budget_plan(*lengths, budget, groups, packed=packed)
+        plan = budget_plan(*lengths, budget, groups, packed=packed, round_to=round_to)
         most = most_across_ranks(len(plan), self.world_size, self.strategy.device)
         if most > len(plan):
-            plan = budget_plan(*lengths, budget, groups, at_least=most, packed=packed)
-        return cut(minibatch, plan, lengths), over_budget(*lengths, budget)
+            plan = budget_plan(*lengths, budget, groups, at_least=most, packed=packed, round_to=round_to)
+        return cut(minibatch, plan, lengths, round_to), over_budget(*lengths, budget)
 
     def save_checkpoint(self, path: str, client_state: dict) -> None:
         self.on_device()

@@ -51,6 +51,11 @@ class TrainingArgs:
     those of fixed micro-batches under every loss_agg_mode (each micro-batch's loss is divided by its mini-batch's
     count). Data-parallel ranks run as many micro-batches as the rank that needs most. Must hold one row of
     data.prompt_length + max_new_tokens (checked at load). None: per_device_train_batch_size rows at a time."""
+    sequence_length_round: int = 1
+    """With max_tokens_per_microbatch: each micro-batch's width (its longest prompt + longest response) padded up to
+    a multiple of this (ROLL's sequence_length_round_in_train): fewer distinct shapes, and widths GPU kernels
+    prefer (e.g. 64 or 128); the budget counts the rounded width. 1: no rounding. Not with use_sequence_packing (a
+    packed micro-batch has no padding to round)."""
     max_grad_norm: float = 1.0
 
     def validate(self) -> Iterator[tuple[str, str]]:
@@ -62,6 +67,8 @@ class TrainingArgs:
             yield "gradient_accumulation_steps", "must be >= 1"
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
             yield "max_tokens_per_microbatch", "must be >= 1 (or null: per_device_train_batch_size rows at a time)"
+        yield from rounding_problems(self.sequence_length_round, self.max_tokens_per_microbatch,
+                                     "sequence_length_round", "max_tokens_per_microbatch")
         if self.warmup_steps < 0:
             yield "warmup_steps", "must be >= 0"
         if self.max_grad_norm <= 0:
@@ -170,6 +177,15 @@ def custom_resource_problems(resources: dict[str, float]) -> Iterator[tuple[str,
             yield "resources", f"{name}: must be a number > 0, got {amount!r}"
 
 
+def rounding_problems(round_to: int, budget: int | None, key: str, budget_key: str) -> Iterator[tuple[str, str]]:
+    """A sequence-length rounding: at least 1, and above 1 only where micro-batches are cut by a token budget
+    (fixed micro-batches run the whole batch's width)."""
+    if round_to < 1:
+        yield key, f"must be >= 1 (1: no rounding), got {round_to}"
+    elif round_to > 1 and budget is None:
+        yield key, f"rounds the micro-batches of a token budget: set {budget_key}, or 1"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """Resources and model of one cluster of Ray workers that run the same role."""
@@ -206,6 +222,9 @@ class ClusterConfig:
     padded only to its own longest prompt and response and holding at most this many tokens, padding included; a
     row longer than it runs alone. Must hold one row of data.prompt_length + max_new_tokens (checked at load).
     None: infer_batch_size rows at a time, padded to the batch's longest row."""
+    infer_sequence_length_round: int = 1
+    """With infer_max_tokens_per_microbatch: each of those micro-batches' width padded up to a multiple of this
+    (ROLL's sequence_length_round_in_infer; see training_args.sequence_length_round). 1: no rounding."""
     use_sequence_packing: bool = False
     """Run each micro-batch's rows packed into one sequence of the tokens they read, no padding (ROLL's
     use_sequence_packing, verl's use_remove_padding): position ids restart at each row, and attention stays inside
@@ -239,6 +258,10 @@ class ClusterConfig:
             yield "infer_batch_size", "must be >= 1"
         if self.infer_max_tokens_per_microbatch is not None and self.infer_max_tokens_per_microbatch < 1:
             yield "infer_max_tokens_per_microbatch", "must be >= 1 (or null: infer_batch_size rows at a time)"
+        yield from rounding_problems(self.infer_sequence_length_round, self.infer_max_tokens_per_microbatch,
+                                     "infer_sequence_length_round", "infer_max_tokens_per_microbatch")
+        if self.use_sequence_packing and self.infer_sequence_length_round > 1:
+            yield "infer_sequence_length_round", "use_sequence_packing runs no padding to round: set 1"
         yield from custom_resource_problems(self.resources)
         if self.device_mapping is not None:
             yield from self._validate_device_mapping()
@@ -302,6 +325,8 @@ class ActorTrainConfig(ClusterConfig):
         yield from super().validate()
         if self.strategy_args.strategy_name not in TRAIN_STRATEGIES:
             yield "strategy_args.strategy_name", f"must be one of {list(TRAIN_STRATEGIES)}"
+        if self.use_sequence_packing and self.training_args.sequence_length_round > 1:
+            yield "training_args.sequence_length_round", "use_sequence_packing runs no padding to round: set 1"
         if self.lora is not None and self.zero_stage == 3:
             yield "lora", "LoRA runs with DeepSpeed ZeRO stages 0-2 (zero_optimization.stage 3 shards the frozen base too)"
 

@@ -443,24 +443,32 @@ class PipelineConfig:
                     )
 
     def _validate_token_budgets(self) -> Iterator[tuple[str, str]]:
-        """A token budget per micro-batch must hold one row of the longest a single-turn rollout makes."""
+        """A token budget per micro-batch must hold one row of the longest a single-turn rollout makes (its width
+        rounded up as the section's sequence-length rounding pads it)."""
         row = self.data.prompt_length + self.actor_infer.generating_args.max_new_tokens
         for name in ("actor_train", "actor_infer", "reference", "critic"):
             section = getattr(self, name)
             if section is None:
                 continue
-            budgets = {f"{name}.infer_max_tokens_per_microbatch": section.infer_max_tokens_per_microbatch}
-            if hasattr(section, "training_args"):
-                budgets[f"{name}.training_args.max_tokens_per_microbatch"] = (
-                    section.training_args.max_tokens_per_microbatch
+            budgets = {
+                f"{name}.infer_max_tokens_per_microbatch": (
+                    section.infer_max_tokens_per_microbatch, section.infer_sequence_length_round
                 )
-            for key, budget in budgets.items():
-                if budget is not None and budget < row:
+            }
+            if hasattr(section, "training_args"):
+                ta = section.training_args
+                budgets[f"{name}.training_args.max_tokens_per_microbatch"] = (
+                    ta.max_tokens_per_microbatch, ta.sequence_length_round
+                )
+            for key, (budget, round_to) in budgets.items():
+                width = -(-row // max(round_to, 1)) * max(round_to, 1)  # a micro-batch's width, rounded up
+                if budget is not None and budget < width:
+                    width = f"{row} tokens" if width == row else f"{row} tokens, {width} rounded up"
                     yield (
                         key,
                         f"{budget} tokens cannot hold one row: data.prompt_length + actor_infer.generating_args."
                         f"max_new_tokens = {self.data.prompt_length} + "
-                        f"{self.actor_infer.generating_args.max_new_tokens} = {row} tokens",
+                        f"{self.actor_infer.generating_args.max_new_tokens} = {width}",
                     )
 
     def _validate_batch_division(self) -> Iterator[tuple[str, str]]:

@@ -426,8 +426,11 @@ def _memory_checks(cfg) -> list[Check]:
         if problems:
             checks.append(Check("memory", False, problems[0]))
         elif need:
+            fullest = max(memory_fit.needs(cfg), key=lambda n: n.micro_batch.bytes)
+            micro = (f", {fullest.section}'s fullest micro-batch at least {fullest.micro_batch.bytes / memory_fit.GIB:.2f} "
+                     "GiB more" if fullest.micro_batch.bytes else "")
             checks.append(Check("memory", True, f"the models' states need at least {need / memory_fit.GIB:.1f} "
-                                f"GiB; this host has {host / memory_fit.GIB:.1f} GiB"))
+                                f"GiB{micro}; this host has {host / memory_fit.GIB:.1f} GiB"))
     if torch.cuda.is_available():
         gpu = torch.cuda.get_device_properties(0).total_memory
         checks += [Check("memory", False, p) for p in memory_fit.gpu_problems(cfg, gpu)]

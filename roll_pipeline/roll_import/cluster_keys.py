@@ -29,8 +29,8 @@ SPEED_ONLY = {
 }
 
 #: Section keys about batching, padding and buffers: how the work is cut, not what is computed (but for the token
-#: budgets of the forward passes and the train step and sequence packing, which _token_budgets and _packing map
-#: first).
+#: budgets of the forward passes and the train step, their rounding and sequence packing, which _token_budgets and
+#: _packing map first).
 SECTION_SPEED_ONLY = (
     "offload_nccl", "use_remove_padding", "use_dynamic_batching_in_train", "use_dynamic_batching_in_infer",
     "max_tokens_per_microbatch_in_train", "max_tokens_per_microbatch_in_infer", "sequence_length_round_in_train",
@@ -112,17 +112,25 @@ def _cluster(imp: Importer, sec: str) -> None:
         _reference_strategy(imp, sec)
 
 
+#: ROLL's sequence_length_round_in_train/infer where a config leaves it out (roll/configs/worker_config.py).
+ROLL_SEQUENCE_LENGTH_ROUND = 4
+
+
 def _token_budgets(imp: Importer, sec: str) -> None:
     """ROLL's dynamic batching: its token budget per micro-batch of a cluster's forward passes without gradient
     (log-probs, values) is infer_max_tokens_per_microbatch here, and that of a trained cluster's train step
-    training_args.max_tokens_per_microbatch (on a GPU they decide whether a long-tailed batch fits in memory).
-    actor_infer's generation is the engine's to batch: its keys are dropped with the others."""
+    training_args.max_tokens_per_microbatch (on a GPU they decide whether a long-tailed batch fits in memory); its
+    sequence_length_round_in_* (a micro-batch's width padded up to a multiple of it, 4 when unset) is
+    infer_sequence_length_round and training_args.sequence_length_round, but where the section packs (no padding to
+    round). actor_infer's generation is the engine's to batch: its keys are dropped with the others."""
     if sec == "actor_infer":
         return
-    kinds = [("infer", f"{sec}.infer_max_tokens_per_microbatch")]
+    kinds = [("infer", f"{sec}.infer_max_tokens_per_microbatch", f"{sec}.infer_sequence_length_round")]
     if sec in ("actor_train", "critic"):
-        kinds.append(("train", f"{sec}.training_args.max_tokens_per_microbatch"))
-    for kind, ours in kinds:
+        kinds.append(("train", f"{sec}.training_args.max_tokens_per_microbatch",
+                      f"{sec}.training_args.sequence_length_round"))
+    packing = bool(imp.src.get(f"{sec}.use_sequence_packing"))
+    for kind, ours, ours_round in kinds:
         if not imp.src.get(f"{sec}.use_dynamic_batching_in_{kind}"):
             continue
         budget = imp.src.get(f"{sec}.max_tokens_per_microbatch_in_{kind}")
@@ -131,6 +139,15 @@ def _token_budgets(imp: Importer, sec: str) -> None:
         imp.mapped(f"{sec}.max_tokens_per_microbatch_in_{kind}", ours, budget,
                    "rows longest first; a micro-batch's tokens counted with its padding")
         imp.part_of(f"{sec}.use_dynamic_batching_in_{kind}", ours)
+        roll_round = f"{sec}.sequence_length_round_in_{kind}"
+        if packing:
+            imp.dropped(roll_round, "use_sequence_packing: a packed micro-batch has no padding to round")
+        elif imp.src.has(roll_round):
+            imp.move(roll_round, ours_round, int)
+        else:
+            imp.default(ours_round, ROLL_SEQUENCE_LENGTH_ROUND,
+                        f"ROLL pads a dynamic batch's micro-batch width up to a multiple of {ROLL_SEQUENCE_LENGTH_ROUND} "
+                        f"when {roll_round} is unset")
 
 
 def _packing(imp: Importer, sec: str) -> None:

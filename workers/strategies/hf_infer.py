@@ -285,7 +285,8 @@ class HFInferStrategy:
         self.wake_up()
         c = self.config
         return log_probs_in_micro_batches(
-            self.model, batch, c.infer_batch_size, sampling, c.infer_max_tokens_per_microbatch, c.use_sequence_packing
+            self.model, batch, c.infer_batch_size, sampling, c.infer_max_tokens_per_microbatch, c.use_sequence_packing,
+            c.infer_sequence_length_round,
         )
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
