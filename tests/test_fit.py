@@ -7,6 +7,7 @@ import pytest
 
 from roll_core.config import ConfigError, load_config
 from roll_pipeline.distributed.fit import ActorGroup, Node, fit_report, place, run_actors, total
+from roll_pipeline.distributed.placement import reward_start_waves
 from tests.conftest import EXAMPLES
 
 
@@ -114,6 +115,17 @@ def test_pinned_actors_are_placed_before_the_ones_that_can_go_anywhere():
     nodes = [Node("far", "ip", {"CPU": 3.0, "far": 4.0}), Node("head", "ip", {"CPU": 3.0})]
     assert place([*anywhere, *pinned], nodes) == []
     assert nodes[0].free["CPU"] == 0.0 and nodes[1].free["CPU"] == 1.0
+
+
+def test_pinned_reward_workers_start_first_as_the_fit_check_places_them():
+    # The start order follows place()'s: the code reward pinned to the far node starts, and is waited for, before
+    # the math reward, which Ray may place on any node (stop 93's suite: placed on the far node first, it left the
+    # code reward 0.5 of the 1 CPU it needed there).
+    waves = reward_start_waves(_cfg("rewards.code.resources={far: 1}"))
+    assert [[(d, c.worker) for d, c in wave] for wave in waves] == [[("code", "code_sandbox")], [("math", "math_rule")]]
+    assert [[d for d, _ in wave] for wave in reward_start_waves(_cfg())] == [["math", "code"]]  # one wave, domain order
+    both = reward_start_waves(_cfg("rewards.code.resources={far: 1}", "rewards.math.resources={far: 1}"))
+    assert [[d for d, _ in wave] for wave in both] == [["math", "code"]]
 
 
 def test_the_paths_every_node_must_reach():

@@ -4,6 +4,8 @@ a GPU need together, and the GPU memory each step logs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -97,6 +99,72 @@ def test_a_full_micro_batch_is_counted_on_top_of_the_states_and_named_by_the_key
     reference = {n.section: n for n in memory_fit.needs(config(SEPARATE, *overrides, *few))}["reference"].micro_batch
     assert reference.key == "reference.infer_batch_size" and "a forward of 4096 tokens, 2 rows of 2048" in reference.what
     assert reference.bytes == 2 * 1024 * 435 * 2
+
+
+def test_a_checkpoints_shape_is_read_where_config_json_gives_it_and_none_where_it_cannot(tmp_path):
+    def shape_of(text: str | None):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        if text is not None:
+            (folder / "config.json").write_text(text)
+        return memory_fit.model_shape(folder)
+
+    full = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "intermediate_size": 192}
+    assert shape_of(json.dumps(full)) == memory_fit.Shape(64, 2, 100, 192)
+    assert shape_of(json.dumps({"text_config": full, "vision_config": {}})) == memory_fit.Shape(64, 2, 100, 192)
+    assert shape_of(json.dumps({**full, "intermediate_size": None})) == memory_fit.Shape(64, 2, 100, None)
+    assert shape_of(None) is None  # no config.json: OSError
+    assert shape_of("{not json") is None  # ValueError
+    assert shape_of(json.dumps({k: v for k, v in full.items() if k != "vocab_size"})) is None  # KeyError
+    assert shape_of(json.dumps({**full, "hidden_size": None})) is None  # TypeError
+    assert shape_of(json.dumps({**full, "hidden_size": "wide"})) is None  # ValueError
+
+
+def test_the_micro_batch_sums_on_a_shape_whose_parts_share_bits():
+    """Sums checked on numbers whose binary digits overlap (a | or ^ in place of + gives another number)."""
+    shape = memory_fit.Shape(hidden=64, layers=3, vocab=100, intermediate=192)
+    assert memory_fit.kept_per_token_and_layer(shape, full_weights=True, checkpointing=False) == 3 * 64 + 192
+    assert memory_fit.kept_per_token_and_layer(shape, full_weights=True, checkpointing=True) == 64
+    assert memory_fit.kept_per_token_and_layer(shape, full_weights=False, checkpointing=False) == 64
+    no_mlp = memory_fit.Shape(hidden=64, layers=3, vocab=100)
+    assert memory_fit.kept_per_token_and_layer(no_mlp, full_weights=True, checkpointing=False) == 64
+    # 30 tokens, a third of them response tokens: 10 x 100 logits and 30 x 64 x 3 kept, 2 bytes each
+    assert memory_fit.micro_batch_bytes(shape, 2, 30, 1 / 3, True, 64) == (10 * 100 + 30 * 64 * 3) * 2 == 13520
+    assert memory_fit.micro_batch_bytes(shape, 2, 30, 1 / 3, False, 64) == 30 * 64 * 3 * 2
+    assert memory_fit.micro_batch_bytes(shape, 2, 30, 1 / 3, True, 0) == 10 * 100 * 2
+    need = memory_fit.Need("actor_train", 1, 3000, 1.0, "", memory_fit.MicroBatch(1000, "k", ""))
+    assert need.peak_bytes == 4000
+
+
+def test_the_fullest_pass_is_named_with_what_it_holds(tiny_model):
+    """actor_train's log-prob pass can be fuller than its train step (128 rows without gradient against one row
+    with it); a budget larger than a pass's rows counts the rows; each pass's text says what it counted."""
+    shape = memory_fit.model_shape(tiny_model)
+    small = [f"pretrain={tiny_model}", "data.prompt_length=96", "actor_infer.generating_args.max_new_tokens=32",
+             "rollout_batch_size=16", "num_return_sequences_in_group=8", "actor_train.infer_batch_size=128",
+             "actor_train.training_args.per_device_train_batch_size=1",
+             "actor_train.training_args.gradient_accumulation_steps=128"]
+    cfg = config(EXAMPLES / "math_code.yaml", *small)
+    fullest = memory_fit.micro_batch(cfg, "actor_train", cfg.actor_train, shape)
+    assert fullest.key == "actor_train.infer_batch_size"
+    assert fullest.bytes == 128 * 32 * 435 * 4  # float32: the logits of 128 rows' 32 response tokens
+    assert fullest.what == ("a forward of 16384 tokens, 128 rows of 128 (actor_train.infer_batch_size): logits of "
+                            "4096 response tokens x 435 vocabulary x 4 B")
+    # a train budget above a mini-batch of 16 rows of 128 tokens: those are counted, not the budget
+    budget = "actor_train.training_args.max_tokens_per_microbatch"
+    cfg = config(EXAMPLES / "math_code.yaml", *small[:5], "actor_train.infer_batch_size=1",
+                 "actor_train.training_args.per_device_train_batch_size=16",
+                 "actor_train.training_args.gradient_accumulation_steps=1", f"{budget}=1000000")
+    fullest = memory_fit.micro_batch(cfg, "actor_train", cfg.actor_train, shape)
+    kept = memory_fit.kept_per_token_and_layer(shape, True, cfg.actor_train.model_args.gradient_checkpointing)
+    assert (fullest.key, fullest.bytes) == (budget, (16 * 32 * 435 + 16 * 128 * kept * 4) * 4)
+    assert fullest.what == (f"a train step of 2048 tokens, {budget} 1000000: logits of 512 response tokens x 435 "
+                            f"vocabulary + 4 layers x 2048 tokens x {kept} values kept for the backward x 4 B")
+    # the critic reads no logits: only what its layers keep
+    cfg = config(EXAMPLES / "ppo_gae.yaml", *small[:5], "critic.training_args.per_device_train_batch_size=16",
+                 "critic.training_args.gradient_accumulation_steps=1")
+    critic = memory_fit.micro_batch(cfg, "critic", cfg.critic, shape)
+    assert critic.what.startswith("a train step of 2048 tokens") and "logits" not in critic.what
 
 
 def test_a_cpu_run_must_hold_every_state_and_the_largest_micro_batch(tiny_model):

@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from roll_core.config import TrackingConfig, load_config
 from roll_core.tracking.mlflow_tracker import MlflowTracker
 from roll_pipeline.driver.checkpoint import STATE_FILE, checkpoint_root, latest_checkpoint
+from roll_pipeline.driver.digests import DIGESTS_FILE, first_difference
 from roll_pipeline.driver.pipeline import RLVRPipeline
 from tests.conftest import EXAMPLES, ROOT, shared_ray
 from tests.test_tracking import read_table
@@ -256,7 +257,14 @@ def test_killed_run_resumes_into_the_same_metrics_and_mlflow_run(variant, tmp_pa
     # Bitwise: every step, before the crash and after the resume, has the uninterrupted run's values.
     mismatched = [k for k in compared if a[k] != b[k]]
     if mismatched:
-        pytest.fail(mismatch_report(a, b, mismatched, kill_after, resumed_at))
+        # The batch tensors' digests tell which side parted first: the tokens (the rollout) or one worker's
+        # log-probs on equal tokens (that worker's forward pass).
+        tensors = first_difference(straight / DIGESTS_FILE, crashed / DIGESTS_FILE)
+        pytest.fail(mismatch_report(a, b, mismatched, kill_after, resumed_at) + f"\nbatch digests: {tensors}")
+    # And the batch tensors themselves (tokens, masks, every worker's log-probs), each step's last line.
+    assert first_difference(straight / DIGESTS_FILE, crashed / DIGESTS_FILE) == (
+        f"the batch tensors of every step are equal ({STEPS} steps)"
+    )
     # Checkpoints kept: max_checkpoints_to_keep (2 by default) of the ones saved.
     kept = sorted(p.name for p in checkpoint_root(crashed).glob("step_*"))
     assert kept == [f"step_{STEPS - SAVE_STEPS}", f"step_{STEPS}"]

@@ -67,6 +67,70 @@ def test_the_token_head_reads_the_last_valid_tokens_logit_as_the_sequence_head_p
     assert len(set(scores["sequence"])) > 1
 
 
+@pytest.mark.parametrize("head", ["sequence", "token"])
+def test_packed_conversations_score_as_padded_ones(reward_model, val_pairs, head):
+    """options.packing: each micro-batch's conversations as one row, positions restarting, attention row by row;
+    the scores those of the padded micro-batches (7 rows of unequal lengths each, so every packed row holds
+    several conversations and every padded one padding). Measured (2026-12-07): at most 9.5e-7 apart (2 float32 ulps at the largest score, 4.3)."""
+    from roll_core.models.row_attention import ROW_ATTENTION
+
+    batch = samples(val_pairs[:20], 0) + samples(val_pairs[20:30], 1)
+    scores = {}
+    for packing in (False, True):
+        scorer = RewardModelScorer(model_path=str(reward_model), head=head, batch_size=7, packing=packing)
+        scorer.load(torch.device("cpu"))
+        assert (scorer.model.config._attn_implementation == ROW_ATTENTION) is packing
+        scores[packing] = torch.tensor([r.score for r in scorer.score_batch(batch)])
+    assert torch.allclose(scores[True], scores[False], rtol=0, atol=2e-6), (scores[True] - scores[False]).abs().max()
+    assert len(set(scores[True].tolist())) > 1
+
+
+def test_packing_runs_one_row_a_micro_batch_and_keeps_rows_apart_under_eager_attention(reward_model, val_pairs):
+    """The packed path is the one that runs (one row per forward, 7 conversations in it), and with eager attention
+    (transformers' block-diagonal mask, found from the restarting positions only without a cache) the scores are
+    the padded ones too."""
+    batch = samples(val_pairs[:14], 0)
+    scores, rows = {}, {}
+    for packing, kernel in ((False, None), (True, "eager")):
+        scorer = RewardModelScorer(model_path=str(reward_model), head="sequence", batch_size=7, packing=packing,
+                                   attn_implementation=kernel)
+        scorer.load(torch.device("cpu"))
+        rows[packing] = []
+        scorer.model.base_model.register_forward_pre_hook(
+            lambda _, args, kwargs, seen=rows[packing]: seen.append(kwargs.get("input_ids", args[0] if args else None).shape[0]),
+            with_kwargs=True,
+        )
+        scores[packing] = torch.tensor([r.score for r in scorer.score_batch(batch)])
+    assert rows == {False: [7, 7], True: [1, 1]}
+    assert torch.allclose(scores[True], scores[False], rtol=0, atol=2e-6), (scores[True] - scores[False]).abs().max()
+
+
+@pytest.mark.parametrize("head", ["sequence", "token"])
+def test_packing_a_sequence_head_needs_its_score_layer(reward_model, monkeypatch, head):
+    """A sequence head is read through the model's `score` layer when packed: a model without one is refused at
+    load, naming the option, and loads unpacked; a token head reads its logits and needs no such layer."""
+    import transformers
+
+    for auto in ("AutoModelForSequenceClassification", "AutoModelForTokenClassification"):
+        loader = getattr(transformers, auto).from_pretrained
+
+        def without_score(*args, _loader=loader, **kwargs):
+            model = _loader(*args, **kwargs)
+            model.classifier = model.score  # as BERT-like heads name it
+            del model.score
+            return model
+
+        monkeypatch.setattr(getattr(transformers, auto), "from_pretrained", without_score)
+    RewardModelScorer(model_path=str(reward_model), head=head).load(torch.device("cpu"))
+    packed = RewardModelScorer(model_path=str(reward_model), head=head, packing=True)
+    if head == "token":
+        packed.load(torch.device("cpu"))
+        return
+    with pytest.raises(ValueError, match="set options.packing to false") as error:
+        packed.load(torch.device("cpu"))
+    assert "Qwen2ForSequenceClassification lacks" in str(error.value)
+
+
 def test_the_conversation_goes_through_the_reward_models_own_template():
     from transformers import AutoTokenizer
 
@@ -125,6 +189,11 @@ def test_the_documented_defaults_and_the_option_checks(reward_model):
     scorer = RewardModelScorer(model_path=str(reward_model))
     assert (scorer.batch_size, scorer.max_length, scorer.head, scorer.dtype) == (16, 1024, "auto", "float32")
     assert (scorer.scale, scorer.shift, scorer.correct_threshold) == (1.0, 0.0, 0.0)
+    assert (scorer.packing, scorer.attn_implementation) == (False, None)
+    with pytest.raises(ValueError, match="packing must be true or false, got 'yes'"):
+        RewardModelScorer(model_path=str(reward_model), packing="yes")
+    with pytest.raises(ValueError, match="attn_implementation must be a kernel's name, got 2"):
+        RewardModelScorer(model_path=str(reward_model), attn_implementation=2)
     RewardModelScorer(model_path=str(reward_model), batch_size=1, max_length=2)
     for bad in ({"batch_size": 0}, {"max_length": 1}, {"batch_size": -1, "max_length": 1}):
         with pytest.raises(ValueError, match="batch_size must be >= 1 and max_length >= 2"):
@@ -161,9 +230,10 @@ def test_scale_shift_and_the_correct_threshold(reward_model, val_pairs):
     assert sum(r.correct for r in results) == 4
 
 
-def test_a_long_conversation_keeps_its_end(reward_model):
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_long_conversation_keeps_its_end(reward_model, packing):
     """Over max_length tokens, the model reads the last max_length tokens (the score is read at the end)."""
-    scorer = RewardModelScorer(model_path=str(reward_model), max_length=12)
+    scorer = RewardModelScorer(model_path=str(reward_model), max_length=12, packing=packing)
     scorer.load(torch.device("cpu"))
     sample = {"response": "The answer is 5.", "prompt": "What is 2 + 3? " * 6}
     text = render_conversation(scorer.tokenizer, None, sample["prompt"], sample["response"])

@@ -463,12 +463,12 @@ class PipelineConfig:
             for key, (budget, round_to) in budgets.items():
                 width = -(-row // max(round_to, 1)) * max(round_to, 1)  # a micro-batch's width, rounded up
                 if budget is not None and budget < width:
-                    width = f"{row} tokens" if width == row else f"{row} tokens, {width} rounded up"
+                    rounding = "" if width == row else f", {width} rounded up"
                     yield (
                         key,
                         f"{budget} tokens cannot hold one row: data.prompt_length + actor_infer.generating_args."
                         f"max_new_tokens = {self.data.prompt_length} + "
-                        f"{self.actor_infer.generating_args.max_new_tokens} = {width}",
+                        f"{self.actor_infer.generating_args.max_new_tokens} = {row} tokens{rounding}",
                     )
 
     def _validate_batch_division(self) -> Iterator[tuple[str, str]]:

@@ -181,6 +181,17 @@ def start_stages(cfg: Any) -> list[list[str]]:
     return [names]
 
 
+def reward_start_waves(cfg: Any) -> list[list[tuple[str, Any]]]:
+    """The reward clusters, (domain, component) in domain order, in the waves they start in: those that ask for
+    custom Ray resources (pinned to the nodes that offer them) first, the rest once those have started. Ray places
+    an unpinned worker on whichever node it likes, and one that lands on a pinned worker's node may take the CPU the
+    pinned one needs there: a run that fits the cluster (check_fit) then waits forever for the pinned worker (a
+    two-node test's code reward, pinned to the far node, waited 300 s beside the math reward placed there)."""
+    components = [(domain, c) for domain in cfg.domain_interleave_probs for c in cfg.rewards[domain].components()]
+    waves = [[dc for dc in components if dc[1].resources], [dc for dc in components if not dc[1].resources]]
+    return [wave for wave in waves if wave]
+
+
 def pipeline_demands(cfg: Any) -> list[ClusterDemand]:
     """The clusters a run of `cfg` (a PipelineConfig) starts, in start order, with what each asks for."""
     sections = running_sections(cfg)

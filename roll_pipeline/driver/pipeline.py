@@ -34,6 +34,7 @@ from roll_core.tracking.metadata import run_tags
 from roll_core.tracking.mlflow_tracker import MlflowTracker
 from roll_core.tracking.spool import SPOOL_DIRNAME
 from roll_core.tracking.system import MemoryProbe
+from roll_pipeline.driver.digests import DIGESTS_FILE, append_step_digests
 from roll_pipeline.driver.loop_state import FirstValidation, LoopState, Rollout
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
 from roll_pipeline.driver.reward_audit import audit_plan, environment_plan, run_audit
@@ -145,6 +146,8 @@ class RLVRPipeline:
             metrics["offpolicy/buffered_rollouts"] = float(len(self.loop.pending_rollouts))
         with timer.stage("log_probs"):
             batch = self.compute_log_probs(batch)
+        if self.cfg.deterministic:
+            append_step_digests(Path(self.cfg.output_dir) / DIGESTS_FILE, self.loop.step, batch.tensors)
         with timer.stage("importance_weights"):
             batch, offpolicy = self.importance_weights(batch, rollout.version)
             metrics |= offpolicy

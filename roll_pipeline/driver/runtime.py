@@ -17,7 +17,7 @@ from roll_core.data.loading import RunData, fit_prompts, load_domain_rows, requi
 from roll_pipeline.distributed.cluster import Cluster
 from roll_pipeline.distributed.fit import check_fit, run_actors, total
 from roll_pipeline.distributed.joining import join_ray
-from roll_pipeline.distributed.placement import DevicePool, plan_for, start_stages
+from roll_pipeline.distributed.placement import DevicePool, plan_for, reward_start_waves, start_stages
 from roll_pipeline.distributed.starting import init_local_ray
 from roll_pipeline.distributed.waiting import wait_for, wait_started
 from roll_pipeline.driver.checkpoint import checkpoint_root, latest_checkpoint
@@ -204,9 +204,16 @@ class ClusterRuntime:
                 self.actor_infer.call("offload", False)
         if cfg.needs_reference and not cfg.reference_cluster:  # LoRA: the base model is the reference
             self.reference = ReferenceOnTrainer(self.actor_train)
+        started: dict[tuple[str, str], Cluster] = {}
+        for wave in reward_start_waves(cfg):  # pinned ones first: an unpinned one could take their node's CPU
+            if started:
+                self.wait_started(list(started.values()))
+            started |= {
+                (domain, c.label): self._reward_cluster(domain, c, len(cfg.rewards[domain].components()) > 1)
+                for domain, c in wave
+            }
         self.rewards = {
-            domain: {c.label: self._reward_cluster(domain, c, len(cfg.rewards[domain].components()) > 1)
-                     for c in cfg.rewards[domain].components()}
+            domain: {c.label: started[domain, c.label] for c in cfg.rewards[domain].components()}
             for domain in cfg.domain_interleave_probs
         }
         self.wait_started(self.clusters())

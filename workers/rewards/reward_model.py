@@ -17,7 +17,11 @@ logit) masks the batch.
 Options: ``model_path`` (a local folder), ``head`` (``auto``: from the model's architecture, or ``sequence`` /
 ``token``), ``batch_size`` (16), ``max_length`` (1024 tokens), ``dtype`` (``float32``; ``bfloat16`` on a GPU),
 ``scale`` (1.0) and ``shift`` (0.0): the reward is ``scale * logit + shift``; ``correct_threshold`` (0.0): the
-response counts as correct when the logit is at least this. Per-sample metric: ``rm_logit``.
+response counts as correct when the logit is at least this; ``packing`` (false): each micro-batch's conversations
+run as one row of their tokens, positions restarting per conversation, no padding (as a training section's
+``use_sequence_packing``; the score read at each conversation's last token, through the sequence head's ``score``
+layer), attention row by row with sdpa (roll_core/models/row_attention.py) unless ``attn_implementation`` names
+another kernel (``flash_attention_2`` on a GPU). Per-sample metric: ``rm_logit``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class RewardModelScorer(BatchedRewardScorer):
         scale: float = 1.0,
         shift: float = 0.0,
         correct_threshold: float = 0.0,
+        packing: bool = False,
+        attn_implementation: str | None = None,
         **options: object,
     ) -> None:
         super().__init__(**options)
@@ -76,6 +82,11 @@ class RewardModelScorer(BatchedRewardScorer):
         for name, value in (("scale", scale), ("shift", shift), ("correct_threshold", correct_threshold)):
             if not math.isfinite(value):
                 raise ValueError(f"reward_model: {name} must be a finite number, got {value}")
+        if not isinstance(packing, bool):
+            raise ValueError(f"reward_model: packing must be true or false, got {packing!r}")
+        if attn_implementation is not None and not isinstance(attn_implementation, str):
+            raise ValueError(f"reward_model: attn_implementation must be a kernel's name, got {attn_implementation!r}")
+        self.packing, self.attn_implementation = packing, attn_implementation
         self.model_path, self.head, self.dtype = str(model_path), head, dtype
         self.batch_size, self.max_length = batch_size, max_length
         self.scale, self.shift, self.correct_threshold = scale, shift, correct_threshold
@@ -113,7 +124,20 @@ class RewardModelScorer(BatchedRewardScorer):
         self.tokenizer.padding_side = "right"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = model_cls.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype)).to(device).eval()
+        kwargs = {"dtype": getattr(torch, self.dtype)}
+        kernel = self.attn_implementation
+        if self.packing and kernel in (None, "sdpa"):
+            from roll_core.models import row_attention
+
+            kernel = row_attention.register()
+        if kernel is not None:
+            kwargs["attn_implementation"] = kernel
+        self.model = model_cls.from_pretrained(self.model_path, **kwargs).to(device).eval()
+        if self.packing and head == "sequence" and not isinstance(getattr(self.model, "score", None), torch.nn.Module):
+            raise ValueError(
+                f"reward_model: packing reads the sequence head at each conversation's last token through the "
+                f"model's `score` layer, which {type(self.model).__name__} lacks; set options.packing to false"
+            )
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.head, self.device = head, device
@@ -130,16 +154,8 @@ class RewardModelScorer(BatchedRewardScorer):
         logits: list[float] = []
         with torch.no_grad():
             for i in range(0, len(texts), self.batch_size):
-                enc = self.tokenizer(
-                    texts[i : i + self.batch_size], padding=True, truncation=True, max_length=self.max_length,
-                    return_tensors="pt",
-                ).to(self.device)
-                out = self.model(**enc).logits.float()
-                if self.head == "sequence":
-                    values = out[:, 0]
-                else:
-                    last = enc["attention_mask"].sum(-1) - 1
-                    values = out[torch.arange(out.shape[0], device=out.device), last, 0]
+                part = texts[i : i + self.batch_size]
+                values = self._packed_logits(part) if self.packing else self._padded_logits(part)
                 logits += values.cpu().tolist()
         bad = [i for i, v in enumerate(logits) if not math.isfinite(v)]
         if bad:
@@ -148,3 +164,35 @@ class RewardModelScorer(BatchedRewardScorer):
             RewardResult(score=self.scale * v + self.shift, correct=v >= self.correct_threshold, metrics={"rm_logit": v})
             for v in logits
         ]
+
+    def _padded_logits(self, texts: list[str]):
+        """The logits of one micro-batch of conversations, right-padded to the longest."""
+        import torch
+
+        enc = self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        ).to(self.device)
+        out = self.model(**enc).logits.float()
+        if self.head == "sequence":
+            return out[:, 0]
+        last = enc["attention_mask"].sum(-1) - 1
+        return out[torch.arange(out.shape[0], device=out.device), last, 0]
+
+    def _packed_logits(self, texts: list[str]):
+        """The logits of one micro-batch of conversations packed into one row: no attention mask and no cache, the
+        positions restarting at each conversation, which keeps each one's attention inside it (as
+        roll_core.models.forward.packed_sequence); each read at its last token."""
+        import torch
+
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+        lengths = torch.tensor([len(x) for x in ids])
+        inputs = {
+            "input_ids": torch.tensor([t for x in ids for t in x], device=self.device)[None],
+            "position_ids": torch.cat([torch.arange(n) for n in lengths.tolist()]).to(self.device)[None],
+            "use_cache": False,
+        }
+        last = (lengths.cumsum(0) - 1).to(self.device)
+        if self.head == "sequence":
+            hidden = self.model.base_model(**inputs).last_hidden_state[0, last]
+            return self.model.score(hidden).float()[:, 0]
+        return self.model(**inputs).logits.float()[0, last, 0]
