@@ -242,12 +242,17 @@ def trl_args(cfg, steps: int, out: Path):
     gen = cfg.actor_infer.generating_args
     samples = cfg.samples_per_step
     steps_per_generation = samples // ta.per_device_train_batch_size
+    # transformers 5.20 renamed TrainingArguments' gradient_checkpointing to activation_checkpointing
+    fields = GRPOConfig.__dataclass_fields__
+    no_checkpointing = {
+        "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": False
+    }
     return GRPOConfig(
+        **no_checkpointing,
         output_dir=str(out),
         use_cpu=True,
         bf16=False,
         fp16=False,
-        activation_checkpointing=False,
         seed=cfg.seed,
         max_steps=steps * steps_per_generation // ta.gradient_accumulation_steps,
         per_device_train_batch_size=ta.per_device_train_batch_size,

@@ -20,12 +20,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 TINY_MODEL = EXAMPLES / "models" / "tiny-qwen2"
 
-# OpenMP threads that wait sleep instead of spinning. Every torch process of the suite (a pipeline's workers, a
-# `roll run` subprocess's, set before Ray starts so that its workers inherit it) has 2 threads on a 2-core machine
-# that the other pytest-xdist worker's processes need: spinning threads burn what the other test waits for. Measured
-# on the `grpo` case of test_learning.py alone (2026-12-06, AMD EPYC Zen 4, 2 cores, quiet, alternating): busy CPU
-# 66, 64, 72 s passive against 73, 75, 73 s spinning, wall 46-56 s either way. It changes no computed value.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 #: Test files whose tests run one after another on one pytest-xdist worker, by what they share on the host: the
@@ -89,6 +83,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # OpenMP threads that wait sleep instead of spinning. Every torch process of the suite (a pipeline's workers, a
+    # `roll run` subprocess's, set before Ray starts so that its workers inherit it) has 2 threads on a 2-core
+    # machine that the other pytest-xdist worker's processes need: spinning threads burn what the other test waits
+    # for. Measured on the `grpo` case of test_learning.py alone (2026-12-06, AMD EPYC Zen 4, 2 cores, quiet,
+    # alternating): busy CPU 66, 64, 72 s passive against 73, 75, 73 s spinning, wall 46-56 s either way. It changes
+    # no computed value. Here and not at import: a benchmark that imports this module (for TINY_MODEL) measures
+    # what a user's run gets, OpenMP's default; passive cost bench_trl's train stage 0.42-0.44 s against 0.32-0.37
+    # (2026-12-07, Intel Xeon, 2 cores; docs/testing.md). No torch is loaded before this hook runs.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     profiling.configure(config)
 
 

@@ -212,6 +212,19 @@ def test_a_section_that_packs_loads_its_model_with_row_attention(tiny_model):
     assert load_causal_lm(eager, packed=True).config._attn_implementation == "eager"  # a named kernel stays
 
 
+def test_packed_rows_take_row_attention_only_in_place_of_sdpa():
+    """One choice for every loader (the policy, the critic, the reward model): sdpa, named or transformers' default,
+    becomes ROW_ATTENTION for packed rows; any other named kernel, and every kernel for padded rows, stays."""
+    from roll_core.models.row_attention import kernel_for
+
+    assert kernel_for(None, packed=True) == ROW_ATTENTION
+    assert kernel_for("sdpa", packed=True) == ROW_ATTENTION
+    for kernel in ("eager", "flash_attention_2"):
+        assert kernel_for(kernel, packed=True) == kernel
+    for kernel in (None, "sdpa", "eager"):
+        assert kernel_for(kernel, packed=False) == kernel
+
+
 class Attention(torch.nn.Module):
     """What sdpa_attention_forward reads of a model's attention module."""
 

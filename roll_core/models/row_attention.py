@@ -28,6 +28,14 @@ def register() -> str:
     return ROW_ATTENTION
 
 
+def kernel_for(kernel: str | None, packed: bool) -> str | None:
+    """The attention implementation a model loads with: `kernel` as named (None: transformers' default), except that
+    packed rows run sdpa, named or the default, row by row (ROW_ATTENTION, registered here)."""
+    if packed and kernel in (None, "sdpa"):
+        return register()
+    return kernel
+
+
 def row_mask(*, batch_size: int, q_length: int, kv_length: int, q_offset, kv_offset, attention_mask, config=None,
              **kwargs) -> torch.Tensor | None:
     """sdpa's mask, but none for one row without padding or cache (packed rows: `row_attention` splits them; with a

@@ -125,11 +125,9 @@ class RewardModelScorer(BatchedRewardScorer):
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         kwargs = {"dtype": getattr(torch, self.dtype)}
-        kernel = self.attn_implementation
-        if self.packing and kernel in (None, "sdpa"):
-            from roll_core.models import row_attention
+        from roll_core.models import row_attention
 
-            kernel = row_attention.register()
+        kernel = row_attention.kernel_for(self.attn_implementation, self.packing)
         if kernel is not None:
             kwargs["attn_implementation"] = kernel
         self.model = model_cls.from_pretrained(self.model_path, **kwargs).to(device).eval()

@@ -35,9 +35,7 @@ def model_kwargs(model_args: ModelArgs, packed: bool = False) -> dict:
     """from_pretrained's arguments from model_args: the dtype, and the attention kernel where one is named. For
     packed rows, sdpa (named or transformers' default) runs row by row (roll_core/models/row_attention.py)."""
     kwargs = {"dtype": DTYPES[model_args.dtype]}
-    kernel = model_args.attn_implementation
-    if packed and kernel in (None, "sdpa"):
-        kernel = row_attention.register()
+    kernel = row_attention.kernel_for(model_args.attn_implementation, packed)
     if kernel is not None:
         kwargs["attn_implementation"] = kernel
     return kwargs
