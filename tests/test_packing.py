@@ -19,6 +19,7 @@ from roll_core.models.forward import (
     packed_sequence,
     response_log_probs,
 )
+from roll_core.models.grouped_sdpa import GROUPED_SDPA
 from roll_core.models.microbatches import log_probs_in_micro_batches, padding, row_lengths, token_budget_plan
 from roll_core.models.row_attention import ROW_ATTENTION, register
 from roll_core.models.sampling import SamplingDistribution
@@ -205,24 +206,29 @@ def test_a_section_that_packs_loads_its_model_with_row_attention(tiny_model):
     from workers.strategies.loading import load_causal_lm, load_value_model
 
     args = ModelArgs(model_name_or_path=str(tiny_model))
-    assert load_causal_lm(args).config._attn_implementation == "sdpa"
+    assert load_causal_lm(args).config._attn_implementation == GROUPED_SDPA  # sdpa's, grouped heads kept (no CUDA)
     assert load_causal_lm(args, packed=True).config._attn_implementation == ROW_ATTENTION
     assert load_value_model(args, packed=True).config._attn_implementation == ROW_ATTENTION
     eager = ModelArgs(model_name_or_path=str(tiny_model), attn_implementation="eager")
     assert load_causal_lm(eager, packed=True).config._attn_implementation == "eager"  # a named kernel stays
 
 
-def test_packed_rows_take_row_attention_only_in_place_of_sdpa():
+def test_packed_rows_take_row_attention_only_in_place_of_sdpa(monkeypatch):
     """One choice for every loader (the policy, the critic, the reward model): sdpa, named or transformers' default,
-    becomes ROW_ATTENTION for packed rows; any other named kernel, and every kernel for padded rows, stays."""
+    becomes ROW_ATTENTION for packed rows, and GROUPED_SDPA for padded rows on a machine without CUDA; any other
+    named kernel stays, and so does sdpa for padded rows where CUDA is."""
     from roll_core.models.row_attention import kernel_for
 
     assert kernel_for(None, packed=True) == ROW_ATTENTION
     assert kernel_for("sdpa", packed=True) == ROW_ATTENTION
     for kernel in ("eager", "flash_attention_2"):
         assert kernel_for(kernel, packed=True) == kernel
+        assert kernel_for(kernel, packed=False) == kernel
+    assert kernel_for(None, packed=False) == kernel_for("sdpa", packed=False) == GROUPED_SDPA
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for kernel in (None, "sdpa", "eager"):
         assert kernel_for(kernel, packed=False) == kernel
+    assert kernel_for(None, packed=True) == ROW_ATTENTION
 
 
 class Attention(torch.nn.Module):

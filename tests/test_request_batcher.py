@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from workers.inference.request_batcher import Request, RequestBatcher
 
 
@@ -148,3 +150,37 @@ def test_gathering_stops_when_the_batch_is_full():
     # results long before the 60 s window would end (the timeout raises otherwise)
     assert first.result(30) == "out-a" and second.result(30) == "out-b"
     assert run.batches == [["a", "b"]]
+
+
+def test_call_runs_other_work_on_the_serving_thread_between_batches():
+    """Weight loads and the model's own load go through `call`/`defer`: on the one thread that runs the batches (so
+    that all of a worker's torch work runs on one thread), never while a batch runs, before the batches waiting."""
+    run = Recorder(hold=True)
+    batcher = RequestBatcher(run, max_sequences=4, gather_s=0.0, name="serving")
+    assert batcher.call(lambda: threading.current_thread().name) == "serving"
+    with pytest.raises(ZeroDivisionError):  # the call's error reaches its caller; the thread serves on
+        batcher.call(lambda: 1 / 0)
+    first = batcher.submit(req("a"))
+    assert run.started.wait(5)
+    order: list[str] = []
+    deferred = batcher.defer(lambda: order.append("call") or len(run.batches))
+    waiting = batcher.submit(req("b"))
+    time.sleep(0.1)
+    assert not deferred.done() and order == []  # batch "a" still runs
+    run.release.set()
+    assert deferred.result(timeout=5) == 1  # after batch "a", before batch "b"
+    assert first.result(timeout=5) == "out-a" and waiting.result(timeout=5) == "out-b"
+    assert run.batches == [["a"], ["b"]]
+
+
+def test_a_call_from_the_serving_thread_runs_at_once():
+    inner: list[str] = []
+    holder: dict = {}
+
+    def run(requests, is_aborted):
+        inner.append(holder["batcher"].call(lambda: threading.current_thread().name))  # would wait for itself
+        return [None] * len(requests)
+
+    holder["batcher"] = batcher = RequestBatcher(run, max_sequences=4, gather_s=0.0, name="serving")
+    assert batcher.submit(req("a")).result(timeout=5) is None
+    assert inner == ["serving"]

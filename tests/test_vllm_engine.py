@@ -317,17 +317,17 @@ class DictSource:
 
 
 class EngineClient:
-    """What actor_infer's transfer_* methods do, without Ray: the update is offered through a WeightSwap (taken
-    by whoever holds the generation lock: a generating call between two engine steps, or the offer itself) and
-    the trainer's calls then run on the holder's thread."""
+    """What actor_infer's transfer_* methods do, without Ray: the update is offered through a WeightSwap (taken by
+    the thread that generates, here a RequestBatcher's with no batch to run: between two batches) and the trainer's
+    calls then run on that thread."""
 
     def __init__(self, engine) -> None:
-        import threading
-
+        from workers.inference.request_batcher import RequestBatcher
         from workers.inference.weight_swap import WeightSwap
 
-        self.engine, self.lock = engine, threading.Lock()
-        self.swap = WeightSwap(engine.hold_transfer, self.lock)
+        self.engine = engine
+        self.batcher = RequestBatcher(lambda requests, is_aborted: [], max_sequences=1, name="generation")
+        self.swap = WeightSwap(engine.hold_transfer, self.batcher.defer)
         self.version = 0
 
     def init_weight_transfer_engine(self, init_info) -> None:
@@ -420,7 +420,7 @@ def test_a_transfer_by_vllms_weight_transfer_api_loads_every_weight_in_buckets_a
 
 def test_a_transfer_between_two_engine_steps_goes_on_with_the_requests(engine, sender, weights, tiny_model):
     """The trainer sends while a call generates: the update is taken between two engine steps (here after step
-    3, where the generating call first offers the lock), the requests go on, and their later tokens come from the
+    3, where the generating call first asks for a sync), the requests go on, and their later tokens come from the
     sent weights (the flat weights' log-prob), the earlier ones as a run without the transfer sampled them."""
     import threading
 
@@ -438,10 +438,12 @@ def test_a_transfer_between_two_engine_steps_goes_on_with_the_requests(engine, s
 
     base = client.swap.version
     trainer = threading.Thread(target=transfer, args=(sender, flat(weights)))
+    def generating() -> dict:
+        trainer.start()  # the sync comes while the call generates
+        return engine.generate(ids, mask, args, 2, seed=3, with_log_probs=True, version_now=version_now)
+
     try:
-        with client.lock:  # the generating call holds the generation lock, as actor_infer's batches do
-            trainer.start()
-            out = engine.generate(ids, mask, args, 2, seed=3, with_log_probs=True, version_now=version_now)
+        out = client.batcher.call(generating)  # on the thread that generates, as actor_infer's batches run
         trainer.join()
     finally:
         trainer.join()

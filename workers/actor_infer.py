@@ -47,12 +47,14 @@ class ActorInferWorker(Worker):
     def __init__(self, *, pipeline_config: PipelineConfig, **kwargs) -> None:
         section = pipeline_config.actor_infer
         super().__init__(seed=pipeline_config.seed + 1000, torch_threads=section.torch_threads, **kwargs)
-        self.strategy = make_infer_strategy(pipeline_config)
-        self.pad_id = self.strategy.pad_id
         self.batcher = RequestBatcher(self._run_batch, max_sequences=section.infer_batch_size, name="actor_infer")
+        # The batcher's thread is the only one that touches the model, from its load on (request_batcher.py: one
+        # thread for every torch operation keeps OpenMP's threads spinning between operations).
+        self.strategy = self.batcher.call(lambda: make_infer_strategy(pipeline_config))
+        self.pad_id = self.strategy.pad_id
         self._ids = itertools.count()
         self.with_log_probs = pipeline_config.needs_infer_log_probs
-        self.swap = WeightSwap(self._load, self.batcher.generation_lock)
+        self.swap = WeightSwap(self._load, self.batcher.defer)
         """Weight syncs, loaded between two tokens of a generating batch (partial rollouts) or between batches."""
         self.store = VersionStore(self.strategy.load_state_dict) if pipeline_config.partial_rule else None
         """Deterministic partial rollouts (partial_rollout_token): syncs are kept here, and each token loads the
@@ -122,8 +124,7 @@ class ActorInferWorker(Worker):
         """Free accelerator memory between rollouts (vLLM's sleep mode, or the hf weights to CPU memory); the next
         request wakes the engine. `discard_weights`: a weight sync comes before the next generation, so vLLM may
         drop its weights instead of copying them to host memory."""
-        with self.batcher.generation_lock:
-            self.strategy.sleep(discard_weights)
+        self.batcher.call(lambda: self.strategy.sleep(discard_weights))
 
     @property
     def weights_version(self) -> int:
@@ -148,8 +149,7 @@ class ActorInferWorker(Worker):
 
     def transfer_init(self, init_info: dict[str, Any]) -> None:
         """Join actor_train's transfer group (once, before the first sync; a rendezvous both sides enter)."""
-        with self.batcher.generation_lock:
-            self.strategy.transfer_call("init_weight_transfer_engine", init_info)
+        self.batcher.call(lambda: self.strategy.transfer_call("init_weight_transfer_engine", init_info))
 
     def transfer_start(self, version: int) -> None:
         """Begin the sync that brings `version`: offered like any sync (between two engine steps of a generating
@@ -184,7 +184,7 @@ class ActorInferWorker(Worker):
         update.run(lambda: self.strategy.transfer_call("update_weights", update_info))
 
     def transfer_finish(self) -> None:
-        """End the update (vLLM's layerwise reload finishes); the generation lock is let go."""
+        """End the update (vLLM's layerwise reload finishes); generation goes on."""
         if self.transfer is None:
             raise RuntimeError(f"{self.name}[{self.rank}]: transfer_finish without transfer_start")
         (update, thread, errors), self.transfer = self.transfer, None

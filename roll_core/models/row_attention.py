@@ -8,12 +8,15 @@ device with sdpa itself: one causal sdpa call per packed row, cut where the posi
 Measured on the CPU (docs/micro-batches.md): packing through sdpa's mask was slower than padded micro-batches cut by
 a token budget; row by row it is faster.
 
-Everything else (padded batches, a cache, a single row) is sdpa as transformers runs it: the mask function gives no
-mask only for one packed row without padding or cache, and the attention splits only that."""
+Everything else (padded batches, a cache, a single row) is sdpa as transformers runs it, with grouped-query heads
+left grouped on the CPU (grouped_sdpa.py): the mask function gives no mask only for one packed row without padding
+or cache, and the attention splits only that."""
 
 from __future__ import annotations
 
 import torch
+
+from roll_core.models import grouped_sdpa
 
 ROW_ATTENTION = "sdpa_by_row"
 
@@ -29,10 +32,15 @@ def register() -> str:
 
 
 def kernel_for(kernel: str | None, packed: bool) -> str | None:
-    """The attention implementation a model loads with: `kernel` as named (None: transformers' default), except that
-    packed rows run sdpa, named or the default, row by row (ROW_ATTENTION, registered here)."""
-    if packed and kernel in (None, "sdpa"):
+    """The attention implementation a model loads with: `kernel` as named (None: transformers' default), except for
+    sdpa, named or the default: packed rows run it row by row (ROW_ATTENTION, registered here), and on a machine
+    without CUDA it keeps grouped-query heads grouped (grouped_sdpa.py; ROW_ATTENTION does too, on the CPU)."""
+    if kernel not in (None, "sdpa"):
+        return kernel
+    if packed:
         return register()
+    if not torch.cuda.is_available():
+        return grouped_sdpa.register()
     return kernel
 
 
@@ -54,11 +62,10 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
                   attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
     """sdpa over each packed row on its own where there is one row and no mask (`row_mask`), else sdpa itself.
     query, key, value: (batch, heads, tokens, head size); returns (batch, tokens, heads, head size)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    sdpa = grouped_sdpa.grouped_sdpa
     one_row = attention_mask is None and query.shape[0] == 1 and query.shape[2] == key.shape[2]
     if not one_row:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return sdpa(module, query, key, value, attention_mask, **kwargs)
     position_ids = kwargs.get("position_ids")
     if position_ids is None:
         raise RuntimeError(
@@ -67,10 +74,10 @@ def row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
         )
     starts = (position_ids.reshape(-1) == 0).nonzero().flatten().tolist()
     if len(starts) <= 1 or starts[0] != 0:  # one sequence: causal attention over all of it
-        return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+        return sdpa(module, query, key, value, None, **kwargs)
     ends = [*starts[1:], query.shape[2]]
     parts = [
-        sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
+        sdpa(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
         for a, b in zip(starts, ends, strict=True)
     ]
     return torch.cat(parts, dim=1), None

@@ -227,6 +227,31 @@ def _loadable_folder(served: ServedModel) -> tuple[Path, Path | None]:
     return folder, folder
 
 
+def _load_strategy(served: ServedModel, dtype: str, max_batch_sequences: int, device: str | None):
+    """The served model in an HFInferStrategy; an adapter is merged into it once, so that generation costs what the
+    base costs."""
+    from workers.strategies.hf_infer import HFInferStrategy
+
+    folder, scratch = _loadable_folder(served)
+    try:
+        config = ClusterConfig(
+            model_args=ModelArgs(model_name_or_path=str(folder), dtype=dtype),
+            infer_batch_size=max_batch_sequences,
+        )
+        if device is None:
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        strategy = HFInferStrategy(config, device=device, name="engine")
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if served.adapter is not None:
+        from peft import PeftModel
+
+        adapted = PeftModel.from_pretrained(strategy.model, str(served.adapter))
+        strategy.model = adapted.merge_and_unload().eval()
+    return strategy
+
+
 class Engine:
     """Loads the model once and generates for concurrent requests; see the module docstring."""
 
@@ -242,32 +267,8 @@ class Engine:
     ) -> None:
         """`device` None: the first visible GPU where torch sees one (in a Ray actor, one it reserved GPUs for),
         else the CPU."""
-        from workers.strategies.hf_infer import HFInferStrategy
-
         if not (served.weights / CONFIG_FILE).is_file():
             raise ValueError(f"{served.weights} has no {CONFIG_FILE}")
-        folder, scratch = _loadable_folder(served)
-        try:
-            config = ClusterConfig(
-                model_args=ModelArgs(model_name_or_path=str(folder), dtype=dtype),
-                infer_batch_size=max_batch_sequences,
-            )
-            if device is None:
-                device = "cuda:0" if torch.cuda.is_available() else "cpu"
-            self.strategy = HFInferStrategy(config, device=device, name="engine")
-        finally:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
-        if served.adapter is not None:  # base + adapter, merged once: generation then costs what the base costs
-            from peft import PeftModel
-
-            adapted = PeftModel.from_pretrained(self.strategy.model, str(served.adapter))
-            self.strategy.model = adapted.merge_and_unload().eval()
-        self.tokenizer = self.strategy.tokenizer
-        self.eos_ids = frozenset(self.strategy.eos_ids)
-        self.context_length: int | None = getattr(self.strategy.model.config, "max_position_embeddings", None)
-        self._tap = _StepTap(self.strategy.model)
-        self.strategy.model = self._tap
         self.max_batch_sequences = max_batch_sequences
         self.batcher = RequestBatcher(
             self._run_batch,
@@ -276,6 +277,13 @@ class Engine:
             max_gather_s=max_gather_s,
             name="roll-serve",
         )
+        # loaded on the batcher's thread, which runs every torch operation of the engine (request_batcher.py)
+        self.strategy = self.batcher.call(lambda: _load_strategy(served, dtype, max_batch_sequences, device))
+        self.tokenizer = self.strategy.tokenizer
+        self.eos_ids = frozenset(self.strategy.eos_ids)
+        self.context_length: int | None = getattr(self.strategy.model.config, "max_position_embeddings", None)
+        self._tap = _StepTap(self.strategy.model)
+        self.strategy.model = self._tap
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.counts = {"requests": 0, "sequences": 0, "aborted": 0, "completed": 0}

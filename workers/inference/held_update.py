@@ -1,10 +1,10 @@
 """A weight update that the trainer drives call by call (vLLM's weight-transfer engines: start, update..., finish),
-run by the thread that holds the generation lock.
+run by the thread that generates.
 
 A generating batch must not step its engine between the start and the finish of such an update (vLLM's layerwise
 reload takes the weights apart in between), and two threads must not drive the engine at once. So the update is
-offered like any weight sync (weight_swap.py): whoever takes it under the generation lock (the generating batch
-between two engine steps, or the sync itself when no batch runs) begins it and then runs the trainer's calls, which
+offered like any weight sync (weight_swap.py): the thread that generates takes it (the generating batch
+between two engine steps, or the thread between two batches) begins it and then runs the trainer's calls, which
 arrive on other threads, one by one, until the finish.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 class HeldUpdate:
     IDLE_S = 600.0
     """How long the holder waits for the trainer's next call before it gives the update up (a trainer that died
-    mid-sync must not hold the generation lock for ever)."""
+    mid-sync must not hold up generation for ever)."""
 
     def __init__(self) -> None:
         self._calls: queue.Queue[tuple[Callable[[], Any], Future] | None] = queue.Queue()
@@ -30,7 +30,7 @@ class HeldUpdate:
         """What beginning the update raised, or why it was never begun (the caller of `wait_begun` raises it)."""
 
     def hold(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
-        """Under the generation lock: `begin()`, then every call `run` sends, in order, until `close`; then `end()`.
+        """On the thread that generates: `begin()`, then every call `run` sends, in order, until `close`; then `end()`.
         Raises what `begin` or `end` raise, or TimeoutError when no call came for IDLE_S."""
         try:
             begin()
@@ -77,5 +77,5 @@ class HeldUpdate:
         return result.result()
 
     def close(self) -> None:
-        """The trainer's last call: the holder ends the update and lets the generation lock go."""
+        """The trainer's last call: the holder ends the update and goes back to generating."""
         self._calls.put(None)

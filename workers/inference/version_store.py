@@ -45,7 +45,7 @@ class VersionStore:
 
     def use(self, version: int) -> int:
         """Load `version` unless the model holds it, waiting for its sync when it is newer than any synced
-        (the caller holds the generation lock); returns it."""
+        (the caller is the thread that generates); returns it."""
         with self._cond:
             while version != self.loaded and version not in self._weights:
                 if version <= self.newest:

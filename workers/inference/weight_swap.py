@@ -1,9 +1,10 @@
 """New weights for a generation worker while it may be generating: partial rollouts.
 
-A weight sync hands its weights over (`WeightSwap.offer`) and returns once they are loaded. Whoever holds the
-generation lock loads them: the batch that is generating, between two of its tokens (its strategy asks
-`version_now()` there; the hf strategy after every token, vLLM's after every engine step), or the sync itself as soon as no
-batch runs. So a sync never waits for a whole rollout, the tokens sampled before it keep the version that sampled
+A weight sync hands its weights over (`WeightSwap.offer`) and returns once they are loaded. The thread that
+generates loads them (it is the only one that touches the model: request_batcher.py says why): the batch that is
+generating, between two of its tokens (its strategy asks `version_now()` there; the hf strategy after every token,
+vLLM's after every engine step), or, when no batch runs, the thread before it starts the next one. So a sync never
+waits for a whole rollout, the tokens sampled before it keep the version that sampled
 them, and the ones after come from the new weights (the KV cache of the tokens before is kept, as the peers'
 partial rollouts keep it).
 """
@@ -25,13 +26,12 @@ class _Offer:
 
 
 class WeightSwap:
-    """Loads offered weights (`load(state_dict)`) under the generation lock and keeps the version they bring."""
+    """Loads offered weights (`load(state_dict)`) on the thread that generates and keeps the version they bring."""
 
-    POLL_S = 0.01
-    """How often a waiting sync tries the generation lock itself (a batch may have ended meanwhile)."""
-
-    def __init__(self, load: Callable[[Any], None], generation_lock: threading.Lock) -> None:
-        self.load, self.generation_lock = load, generation_lock
+    def __init__(self, load: Callable[[Any], None], between_batches: Callable[[Callable[[], Any]], Any]) -> None:
+        """`between_batches(fn)` has `fn` run on the thread that generates before its next batch, at once when none
+        runs (RequestBatcher.defer), and returns without waiting for it."""
+        self.load, self.between_batches = load, between_batches
         self.version = 0
         """0: the weights the worker started with; each offer names the version it brings."""
         self._lock = threading.Lock()
@@ -50,17 +50,13 @@ class WeightSwap:
             if pending is not None:
                 pending.done.set()
             self._pending = offer
-        while not offer.done.is_set():
-            if self.generation_lock.acquire(timeout=self.POLL_S):
-                try:
-                    self.apply()
-                finally:
-                    self.generation_lock.release()
+        self.between_batches(self.apply)  # finds nothing to load if the generating batch took the offer first
+        offer.done.wait()
         if offer.error is not None:
             raise offer.error
 
     def apply(self, token: int | None = None) -> int:
-        """Load the pending offer, if any (the caller holds the generation lock); the version now held. `token`,
+        """Load the pending offer, if any (the caller is the thread that generates); the version now held. `token`,
         the index of the token the caller is about to sample, changes nothing: offers load wherever they find the
         batch (version_store.py's rule is the one that reads it)."""
         with self._lock:

@@ -317,8 +317,8 @@ class VLLMInferStrategy:
     def run_engine(
         self, request_ids: list[str], versions: dict[str, int] | None, version_now: Callable[[], int] | None
     ) -> list[Any]:
-        """Step vLLM's engine until the requests just enqueued (`request_ids`, the only ones: the generation lock is
-        held) end; their final outputs in the order enqueued (vLLM numbers its requests in that order, as
+        """Step vLLM's engine until the requests just enqueued (`request_ids`, the only ones: only the batcher's thread
+        drives the engine) end; their final outputs in the order enqueued (vLLM numbers its requests in that order, as
         `LLM.generate` sorts them). With `versions` ({weight label: version}), `version_now()` is asked after every
         step and may load a sync there (`load_state_dict` sees `in_flight` and keeps the requests); the label and
         version it brings are added."""
