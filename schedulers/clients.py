@@ -53,9 +53,10 @@ class InferClient:
 
     async def generate(
         self, worker: int, request_id: str, prompts: list[list[int]], args: GeneratingArgs, n: int,
-        seed: int | None, stats: Any,
+        seed: int | None, stats: Any, wave: tuple[str, str, int] | None = None,
     ) -> dict[str, Any] | None:
-        """One generation request to actor_infer[worker]; a lost request counts once in stats.infer_retries."""
+        """One generation request to actor_infer[worker] (one of `wave`'s: `Request.wave` in
+        schedulers/rollout.py); a lost request counts once in stats.infer_retries."""
         deadline = time.monotonic() + self.RESTART_WAIT_S
         resync = False
         for attempt in itertools.count():
@@ -64,7 +65,7 @@ class InferClient:
                     await self.workers[worker].update_weights.remote(self.weights_ref, self.weights_version)
                 version, switch_at = self.pinned if self.pinned is not None else (self.weights_version, None)
                 return await self.workers[worker].generate_request.remote(
-                    request_id, prompts, args, n, seed, version, switch_at
+                    request_id, prompts, args, n, seed, version, switch_at, wave=wave
                 )
             except (ActorUnavailableError, StaleWeightsError) as exc:
                 if isinstance(exc, StaleWeightsError) and self.weights_ref is None:

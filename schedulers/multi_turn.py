@@ -64,7 +64,7 @@ class MultiTurnRollout(SingleTurnRollout):
 
     async def sample(
         self, worker: int, request_id: str, rows: list[dict[str, Any]], prompts: list[list[int]],
-        args: GeneratingArgs, n: int, seed: int | None, stats: Any,
+        args: GeneratingArgs, n: int, seed: int | None, stats: Any, wave: tuple[str, str, int] | None = None,
     ) -> dict | None:
         trajectories = [Trajectory(list(prompt)) for prompt in prompts for _ in range(n)]
         envs = [self.environment(row) for row in rows for _ in range(n)]
@@ -78,7 +78,7 @@ class MultiTurnRollout(SingleTurnRollout):
                 budget = min(args.max_new_tokens, max(left.values()))
                 output = await self.turn(
                     worker, request_id, turn, [trajectories[i] for i in live], prompts, n,
-                    dataclasses.replace(turn_args, max_new_tokens=budget), seed, stats,
+                    dataclasses.replace(turn_args, max_new_tokens=budget), seed, stats, wave,
                 )
                 if output is None:
                     return None
@@ -98,14 +98,14 @@ class MultiTurnRollout(SingleTurnRollout):
 
     async def turn(
         self, worker: int, request_id: str, turn: int, going: list[Trajectory], prompts: list[list[int]], n: int,
-        args: GeneratingArgs, seed: int | None, stats: Any,
+        args: GeneratingArgs, seed: int | None, stats: Any, wave: tuple[str, str, int] | None = None,
     ) -> dict | None:
-        """One turn's generation: the first from the prompts (n samples each), the later ones from each
-        trajectory's context (one sample each)."""
+        """One turn's generation: the first from the prompts (n samples each, one of the requests of `wave`), the
+        later ones from each trajectory's context (one sample each)."""
         turn_id = request_id if turn == 0 else f"{request_id}/turn{turn}"
         self.live[request_id] = (worker, turn_id)
         if turn == 0:
-            return await self.infer.generate(worker, turn_id, prompts, args, n, seed, stats)
+            return await self.infer.generate(worker, turn_id, prompts, args, n, seed, stats, wave)
         contexts = [t.context() for t in going]
         return await self.infer.generate(worker, turn_id, contexts, args, 1, turn_seed(seed, turn), stats)
 

@@ -55,13 +55,15 @@ class Group:
 @dataclass(frozen=True)
 class Request:
     """One generation request: its id, the actor_infer worker it went to, its draws as (row index, draw order),
-    its sampling seed (deterministic runs) and when it was sent."""
+    its sampling seed (deterministic runs) and when it was sent; `wave`: (domain, wave, requests in it) when it is
+    one of the requests a wave of draws went out as (actor_infer starts a batch once it has them all)."""
 
     id: str
     worker: int
     draws: list[tuple[int, int]]
     seed: int | None
     started: float
+    wave: tuple[str, str, int] | None = None
 
 
 @ROLLOUTS.register("single_turn")
@@ -111,15 +113,17 @@ class SingleTurnRollout:
     async def generate(self, request: Request, args: GeneratingArgs, group_size: int, stats: Any) -> dict | None:
         rows = [self.rows[index] for index, _ in request.draws]
         prompts = [self.prompt_ids[index] for index, _ in request.draws]
-        return await self.sample(request.worker, request.id, rows, prompts, args, group_size, request.seed, stats)
+        return await self.sample(
+            request.worker, request.id, rows, prompts, args, group_size, request.seed, stats, request.wave
+        )
 
     async def sample(
         self, worker: int, request_id: str, rows: list[dict[str, Any]], prompts: list[list[int]],
-        args: GeneratingArgs, n: int, seed: int | None, stats: Any,
+        args: GeneratingArgs, n: int, seed: int | None, stats: Any, wave: tuple[str, str, int] | None = None,
     ) -> dict | None:
         """`n` responses to each of `prompts` (the data `rows` they come from), rows grouped by prompt, as
-        actor_infer returns them; None if aborted. One generation request."""
-        return await self.infer.generate(worker, request_id, prompts, args, n, seed, stats)
+        actor_infer returns them; None if aborted. One generation request (of `wave`, if any: `Request.wave`)."""
+        return await self.infer.generate(worker, request_id, prompts, args, n, seed, stats, wave)
 
     async def abort(self, requests: list[Request]) -> None:
         await self.infer.abort([(r.worker, r.id) for r in requests])

@@ -12,6 +12,7 @@ every prompt of a round (nothing is aborted), so the outcome does not depend on 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -110,8 +111,12 @@ class FillStep:
         return wave
 
     def send(self, wave: list[tuple[int, int]]) -> None:
-        for draws in self.rollout.requests(wave, self.group_size):
-            request = self.rollout.request(self.call, draws)
+        if not wave:
+            return
+        parts = self.rollout.requests(wave, self.group_size)
+        tag = (self.rollout.domain, f"{self.call}/{wave[0][1]}", len(parts))  # the wave's first draw names it
+        for draws in parts:
+            request = dataclasses.replace(self.rollout.request(self.call, draws), wave=tag)
             task = self.rollout.generate(request, self.args, self.group_size, self.stats)
             self.generating[asyncio.ensure_future(task)] = request
 

@@ -53,7 +53,9 @@ class ScriptedInfer:
         self.requests: list[str] = []
         self.aborted: list[str] = []
 
-    def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None):
+    def generate_request(
+        self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None, wave=None
+    ):
         self.requests.append(request_id)
         self.seeds[request_id] = seed
         k = int(request_id.rsplit("/", 1)[1])
@@ -369,7 +371,9 @@ class GatedInfer(ScriptedInfer):
         self.gate, self.limit_s = gate, limit_s
         self.waited_out: list[str] = []
 
-    def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None):
+    def generate_request(
+        self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None, wave=None
+    ):
         if not request_id.endswith("/0"):
             deadline = time.monotonic() + self.limit_s
             while not os.path.exists(self.gate):

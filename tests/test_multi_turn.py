@@ -76,7 +76,9 @@ class Policy:
         said = tool[1].split("<|im_end|>")[0].strip()
         return ("0" if "wrong" in context else said) + TOK.eos_token
 
-    async def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None):
+    async def generate_request(
+        self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None, wave=None
+    ):
         self.requests.append((request_id, len(prompts), seed, args.max_new_tokens))
         await self.gate.wait()
         rows, finish = [], []

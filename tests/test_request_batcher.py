@@ -152,6 +152,44 @@ def test_gathering_stops_when_the_batch_is_full():
     assert run.batches == [["a", "b"]]
 
 
+def wave_req(request_id, source, wave, size):
+    return Request(request_id, [[1, 2]], 4, key="sample", wave=(source, wave, size))
+
+
+def test_gathering_stops_once_every_source_has_a_whole_wave():
+    """A domain's scheduler sends a wave of draws as a few requests and says so: once every domain has all of
+    one wave's requests in, the batch starts (a 60 s window would otherwise hold it; the timeouts raise then)."""
+    run = Recorder()
+    batcher = RequestBatcher(run, max_sequences=64, gather_s=60.0, max_gather_s=120.0, sources=["math"])
+    assert batcher.submit(wave_req("a", "math", "0/0", 1)).result(30) == "out-a"
+    # Two requests of one wave: the first alone does not start a batch, the second completes the wave.
+    gate = threading.Event()
+    batcher.defer(gate.wait)  # the serving thread waits here until the first request is pending
+    first = batcher.submit(wave_req("b", "math", "1/0", 2))
+    gate.set()
+    assert not first.done() and run.batches == [["a"]]
+    time.sleep(0.3)  # gathering: one request of two is in (without the rule on the count it would run now)
+    assert not first.done()
+    second = batcher.submit(wave_req("c", "math", "1/0", 2))
+    assert first.result(30) == "out-b" and second.result(30) == "out-c"
+    assert run.batches == [["a"], ["b", "c"]]
+
+
+def test_a_wave_waits_for_the_other_sources_within_the_window():
+    """With two domains, one domain's whole wave still gathers until the other's is in too (or the window ends)."""
+    run = Recorder()
+    batcher = RequestBatcher(run, max_sequences=64, gather_s=60.0, max_gather_s=120.0, sources=["math", "code"])
+    gate = threading.Event()
+    batcher.defer(gate.wait)
+    first = batcher.submit(wave_req("m", "math", "0/0", 1))
+    gate.set()
+    time.sleep(0.3)
+    assert not first.done()  # math's wave is whole, code's is not in yet
+    second = batcher.submit(wave_req("c", "code", "0/0", 1))
+    assert first.result(30) == "out-m" and second.result(30) == "out-c"
+    assert run.batches == [["m", "c"]]
+
+
 def test_call_runs_other_work_on_the_serving_thread_between_batches():
     """Weight loads and the model's own load go through `call`/`defer`: on the one thread that runs the batches (so
     that all of a worker's torch work runs on one thread), never while a batch runs, before the batches waiting."""

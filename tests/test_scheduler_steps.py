@@ -81,11 +81,16 @@ class Infer:
         """(request id, prompts, seed, weights version) per call."""
         self.aborted: list[str] = []
         self.weights: list[tuple[object, int]] = []
+        self.waves: list[tuple[str, str, int] | None] = []
+        """Per call, the wave it said it is one of."""
         self.versions: int | None = None
         """When set: answers carry token_versions, this version on each row's first token and the next on the rest."""
 
-    async def generate_request(self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None):
+    async def generate_request(
+        self, request_id, prompts, args, n, seed=None, weights_version=None, switch_at=None, wave=None
+    ):
         self.requests.append((request_id, len(prompts), seed, weights_version))
+        self.waves.append(wave)
         if self.unavailable:
             self.unavailable -= 1
             raise ActorUnavailableError("restarting", None)
@@ -526,6 +531,7 @@ def test_waves_go_out_as_requests_of_one_batch_each():
     s = make(cfg, rows_of(patterns), infer)
     batch, m = step(s, 6)
     assert [(r[0], r[1]) for r in infer.requests] == [("math/0/0", 2), ("math/0/2", 2), ("math/0/4", 2)]
+    assert infer.waves == [("math", "0/0", 3)] * 3  # one wave of three requests: actor_infer need not wait for more
     order = draw_order(cfg, len(patterns), 6)
     assert ids(batch) == order
     assert batch["scores"].tolist() == [float(a == "1") for i in order for a in PATTERNS[patterns[i]]]
@@ -534,6 +540,7 @@ def test_waves_go_out_as_requests_of_one_batch_each():
         infer = Infer()
         step(make(config([*cfg_overrides_wave(), *overrides]), rows_of(patterns), infer), 6)
         assert [r[1] for r in infer.requests] == [1] * 6, overrides
+        assert infer.waves == [("math", "0/0", 6)] * 6, overrides
 
 
 def cfg_overrides_wave():

@@ -21,6 +21,7 @@ from workers.inference.held_update import HeldUpdate
 from workers.inference.request_batcher import Request, RequestBatcher
 from workers.inference.version_store import VersionStore
 from workers.inference.weight_swap import WeightSwap
+from workers.inference.weight_wire import PackedWeights, unpack
 
 
 class StaleWeightsError(RuntimeError):
@@ -47,7 +48,12 @@ class ActorInferWorker(Worker):
     def __init__(self, *, pipeline_config: PipelineConfig, **kwargs) -> None:
         section = pipeline_config.actor_infer
         super().__init__(seed=pipeline_config.seed + 1000, torch_threads=section.torch_threads, **kwargs)
-        self.batcher = RequestBatcher(self._run_batch, max_sequences=section.infer_batch_size, name="actor_infer")
+        self.batcher = RequestBatcher(
+            self._run_batch,
+            max_sequences=section.infer_batch_size,
+            name="actor_infer",
+            sources=pipeline_config.domain_interleave_probs,  # each domain's scheduler sends its waves
+        )
         # The batcher's thread is the only one that touches the model, from its load on (request_batcher.py: one
         # thread for every torch operation keeps OpenMP's threads spinning between operations).
         self.strategy = self.batcher.call(lambda: make_infer_strategy(pipeline_config))
@@ -74,6 +80,7 @@ class ActorInferWorker(Worker):
         seed: int | None = None,
         weights_version: int | None = None,
         switch_at: int | None = None,
+        wave: tuple[str, str, int] | None = None,
     ) -> dict[str, Any] | None:
         """Responses for a few prompts (token lists), `num_return_sequences` each, rows grouped by prompt:
         ``{"response_ids", "response_mask", "finish_reason"}``; None if the request was aborted.
@@ -83,7 +90,9 @@ class ActorInferWorker(Worker):
         `weights_version` newer than this worker holds raises StaleWeightsError; one that names an older version
         is served with the weights held (a sync landed after it was sent), and `token_versions` (B, R) says which
         version sampled each token. With partial_rollout_token (self.store) the request is sampled by the version
-        it names, and from token `switch_at` of each generate call on by the next one (waiting for its sync)."""
+        it names, and from token `switch_at` of each generate call on by the next one (waiting for its sync).
+        `wave`: (domain, wave, requests in it), when the request is one of a wave its scheduler sent at once (a
+        batch starts without waiting out the gather window once every domain has a whole wave in)."""
         if weights_version is not None and weights_version > self.weights_version:
             raise StaleWeightsError(
                 f"{self.name}[{self.rank}] holds weights version {self.weights_version}, the request needs "
@@ -93,7 +102,7 @@ class ActorInferWorker(Worker):
         if self.store is not None:
             rule = (self.weights_version if weights_version is None else weights_version, switch_at)
         key = (args, num_return_sequences, rule) if seed is None else (args, num_return_sequences, request_id)
-        request = Request(request_id, prompts, num_return_sequences, key=key, payload=(args, seed, rule))
+        request = Request(request_id, prompts, num_return_sequences, key=key, payload=(args, seed, rule), wave=wave)
         return self.batcher.submit(request).result()
 
     def abort(self, request_ids: list[str]) -> int:
@@ -132,12 +141,17 @@ class ActorInferWorker(Worker):
         return self.swap.version if self.store is None else self.store.newest
 
     def update_weights(
-        self, state_dict: dict[str, torch.Tensor], version: int | None = None, keep_from: int | None = None
+        self,
+        state_dict: dict[str, torch.Tensor] | PackedWeights,
+        version: int | None = None,
+        keep_from: int | None = None,
     ) -> None:
-        """Load actor_train's weights: between two tokens of the batch generating now (its rows go on with them:
-        a partial rollout), or at once when none is; returns when they are loaded (workers/inference/weight_swap.py).
-        With partial_rollout_token they are kept as `version` for the tokens that name it, and versions below
-        `keep_from` (no rollout in flight names them) are dropped (workers/inference/version_store.py)."""
+        """Load actor_train's weights (a state dict, or packed: workers/inference/weight_wire.py): between two
+        tokens of the batch generating now (its rows go on with them: a partial rollout), or at once when none is;
+        returns when they are loaded (workers/inference/weight_swap.py). With partial_rollout_token they are kept as
+        `version` for the tokens that name it, and versions below `keep_from` (no rollout in flight names them) are
+        dropped (workers/inference/version_store.py)."""
+        state_dict = unpack(state_dict)
         if self.store is not None:
             self.store.add(state_dict, self.store.newest + 1 if version is None else version, keep_from)
             return

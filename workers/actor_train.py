@@ -14,6 +14,7 @@ from roll_core.models.forward import can_share_prompts, response_log_probs
 from roll_core.models.microbatches import log_probs_in_micro_batches
 from roll_core.models.sampling import SamplingDistribution
 from workers.base import release_free_memory
+from workers.inference.weight_wire import PackedWeights, pack
 from workers.strategies.loading import load_causal_lm
 from workers.strategies.lora import adapter_state, save_lora, with_lora
 from workers.training import TrainedWorker, loss_scale
@@ -166,15 +167,19 @@ class ActorTrainWorker(TrainedWorker):
     def per_minibatch(self) -> dict[str, float]:
         return super().per_minibatch() | {"lr": self.strategy.lr()}
 
-    def get_weights(self) -> dict[str, torch.Tensor]:
+    def get_weights(self, packed: bool = False) -> dict[str, torch.Tensor] | PackedWeights:
         """The full weights from rank 0 (with LoRA: the adapters only, since the base never changes). Under ZeRO-3
         every rank must take part in gathering them, and the other ranks return nothing, so that waiting on them
-        moves no copy of the weights."""
+        moves no copy of the weights. `packed`: as the rpc weight sync sends them (workers/inference/weight_wire.py,
+        which actor_infer's `update_weights` unpacks)."""
         self.on_device()
         if self.section.lora is not None:
-            return adapter_state(self.strategy.module) if self.rank == 0 else {}
-        weights = self.strategy.state_dict_for_inference()
-        return weights if self.rank == 0 else {}
+            weights = adapter_state(self.strategy.module)
+        else:
+            weights = self.strategy.state_dict_for_inference()
+        if self.rank != 0:
+            return {}
+        return pack(weights) if packed else weights
 
     def send_weights(self, infer_workers: list, version: int) -> None:
         """The weights to every actor_infer worker by vLLM's weight-transfer API (actor_infer's strategy_config

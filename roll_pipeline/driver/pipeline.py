@@ -418,11 +418,11 @@ class RLVRPipeline:
         # The reference to rank 0's result goes on as it is: the weights pass from actor_train's object store to
         # the workers without a copy into this process and another back out (a 7B model's 15 GB, every step).
         if stage == 3:  # sharded parameters: every rank takes part in gathering them; the others return {}
-            refs = self.runtime.actor_train.call_async("get_weights")
+            refs = self.runtime.actor_train.call_async("get_weights", packed=True)
             self.runtime.wait_for(refs[1:], self.runtime.actor_train.call_names("get_weights")[1:])
             weights = refs[0]
         else:
-            weights = self.runtime.actor_train.workers[0].get_weights.remote()
+            weights = self.runtime.actor_train.workers[0].get_weights.remote(packed=True)
         self.weights_version = self.loop.trained_version
         if self.cfg.partial_rule:  # the versions the rollouts in flight were launched with stay on actor_infer
             keep_from = min([self.weights_version] + [r.version for r in self.loop.pending_rollouts if r.batch is None])

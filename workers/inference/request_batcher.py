@@ -3,7 +3,11 @@
 Schedulers of several domains send small requests (one prompt's group, or a few validation prompts) at the same
 time. One background thread takes whatever is pending, joins the requests that share generating arguments into
 one batch of at most ``max_sequences`` sequences, and runs it; requests that arrive meanwhile wait for the next
-batch. So concurrency turns into batches, not into one-at-a-time generation.
+batch. So concurrency turns into batches, not into one-at-a-time generation. Before a batch starts, the batcher
+gathers: it waits until no request has come for `gather_s` (a burst of Ray calls is over), until a batch is full,
+or until every source it was told of (actor_infer: the domains) has all the requests of one wave pending (a
+scheduler sends a wave of draws as a few requests at once and names the wave in each: `Request.wave`), so a
+step's rollout does not wait out the window when everything it will send is in.
 
 ``call(fn)`` runs other work on the same thread, between two batches (weight loads, the model's own load), so that
 every torch operation of the worker runs on one thread: GNU OpenMP, which torch's CPU kernels use, keeps a team of
@@ -23,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -39,6 +44,9 @@ class Request:
     key: Hashable
     """Requests are batched together only when their keys (the generating arguments) are equal."""
     payload: Any = None
+    wave: tuple[str, Hashable, int] | None = None
+    """(source, wave, requests in it): the request is one of a wave its source (a domain's scheduler) sent at once;
+    the batcher need not wait for more once every source it knows has a whole wave pending."""
     future: Future = field(default_factory=Future)
     aborted: bool = False
 
@@ -59,13 +67,16 @@ class RequestBatcher:
         gather_s: float = 0.01,
         max_gather_s: float = 0.05,
         name: str = "batcher",
+        sources: Iterable[str] = (),
     ) -> None:
         self.run_batch = run_batch
         self.max_sequences = max_sequences
         self.gather_s = gather_s
         """Before a batch starts, wait until no request has arrived for this long..."""
         self.max_gather_s = max_gather_s
-        """...but no longer than this in all, or until the waiting requests fill a batch."""
+        """...but no longer than this in all, or until the waiting requests fill a batch, or until each of
+        `sources` has a whole wave pending (`Request.wave`)."""
+        self.sources = frozenset(sources)
         self.generation_lock = threading.Lock()
         """Held while a batch runs (holding it keeps the next batch from starting); the model is changed between
         batches through `call`, on the serving thread, not under this lock."""
@@ -179,11 +190,19 @@ class RequestBatcher:
             return
         deadline = time.monotonic() + self.max_gather_s
         with self._cond:
-            while sum(r.sequences for r in self._pending) < self.max_sequences:
+            while sum(r.sequences for r in self._pending) < self.max_sequences and not self._waves_in():
                 left = deadline - time.monotonic()
                 # wait() returns False when gather_s passed with no new request: the burst is over.
                 if left <= 0 or not self._cond.wait(min(self.gather_s, left)):
                     return
+
+    def _waves_in(self) -> bool:
+        """Whether every known source has all the requests of one of its waves pending (the caller holds _cond)."""
+        if not self.sources:
+            return False
+        waves = Counter(r.wave for r in self._pending if r.wave is not None)
+        whole = {wave[0] for wave, count in waves.items() if count >= wave[2]}
+        return self.sources <= whole
 
     def _serve_one_batch(self) -> None:
         batch = self._next_batch()
