@@ -174,9 +174,9 @@ class ActorTrainWorker(TrainedWorker):
         which actor_infer's `update_weights` unpacks)."""
         self.on_device()
         if self.section.lora is not None:
-            weights = adapter_state(self.strategy.module)
+            weights = adapter_state(self.strategy.module) if self.rank == 0 else {}
         else:
-            weights = self.strategy.state_dict_for_inference()
+            weights = self.strategy.state_dict_for_inference()  # every rank: a collective under ZeRO-3
         if self.rank != 0:
             return {}
         return pack(weights) if packed else weights
