@@ -108,6 +108,10 @@ class RewardClient:
         self.domain, self.components, self.workers, self.data = domain, components, dict(workers), data
         self._next = {name: itertools.cycle(range(len(w))) for name, w in self.workers.items()}
 
+    def workers_per_component(self) -> int:
+        """Reward calls that can run at once: the most workers any of the domain's rewards has."""
+        return max(len(workers) for workers in self.workers.values())
+
     async def score(self, rows: list[dict[str, Any]], texts: list[str], stats: Any) -> list[ScoredSample]:
         """One result per (row, response text). Identical responses to the same prompt are scored once (policies
         often repeat themselves, and a code sample costs a sandbox run); every copy gets the same result. A

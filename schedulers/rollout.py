@@ -5,7 +5,8 @@ loop (schedulers/step.py) calls it and never asks which kind it has. Its interfa
 
 - draw: the next row of the domain's data (the seeded sampler, passing over rows the ledger calls uniform);
 - requests / request / generate: how a wave of draws goes to actor_infer, and one generation request;
-- score: a generated group decoded and judged by the domain's rewards;
+- score_chunks / score: generated groups decoded and judged by the domain's rewards, a request's groups in as few
+  reward calls as its reward workers allow;
 - filter: the response filters (a rejected response leaves the loss) and the group filters (a dropped group's
   slot goes to a fresh prompt);
 - account: a group's rows in the step's batch (a filler group's rows all left out of the loss);
@@ -50,6 +51,10 @@ class Group:
     rejected: list[str | None] = field(default_factory=list)
     """Per response: the response filter that masked it, or None."""
     dropped_by: str | None = None
+
+
+Part = tuple[int, int, dict[str, Any]]
+"""One prompt's generated group before it is scored: (row index, draw order, output)."""
 
 
 @dataclass(frozen=True)
@@ -128,12 +133,28 @@ class SingleTurnRollout:
     async def abort(self, requests: list[Request]) -> None:
         await self.infer.abort([(r.worker, r.id) for r in requests])
 
-    async def score(self, index: int, order: int, output: dict[str, Any], started: float, stats: Any) -> Group:
+    def score_chunks(self, parts: list[Part]) -> list[list[Part]]:
+        """How the groups of one generated request go to scoring: in as many reward calls as the domain's reward
+        has workers (each call fans out over its worker's pool), consecutive groups together. A call per group
+        cost a Ray round trip and a pool dispatch each for what math_rule scores in microseconds."""
+        calls = min(len(parts), self.rewards.workers_per_component())
+        size = -(-len(parts) // calls)
+        return [parts[i : i + size] for i in range(0, len(parts), size)]
+
+    async def score(self, parts: list[Part], started: float, stats: Any) -> list[Group]:
+        """Generated groups, given as (row index, draw order, output), decoded and judged in one reward call."""
         t1 = time.perf_counter()
-        texts = self.decode(output)
-        results = await self.rewards.score(self.reward_rows(self.rows[index], output), texts, stats)
-        results = self.checked(output, results)
-        return Group(index, order, output, texts, results, generate_s=t1 - started, reward_s=time.perf_counter() - t1)
+        texts = [self.decode(output) for _, _, output in parts]
+        rows = [r for index, _, output in parts for r in self.reward_rows(self.rows[index], output)]
+        results = await self.rewards.score(rows, [t for group in texts for t in group], stats)
+        reward_s = time.perf_counter() - t1
+        groups, start = [], 0
+        for (index, order, output), group_texts in zip(parts, texts, strict=True):
+            end = start + len(group_texts)
+            judged = self.checked(output, results[start:end])
+            groups.append(Group(index, order, output, group_texts, judged, generate_s=t1 - started, reward_s=reward_s))
+            start = end
+        return groups
 
     def filter(self, group: Group) -> Group:
         lengths = group.output["response_mask"].sum(-1).long().tolist()

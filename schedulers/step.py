@@ -2,7 +2,8 @@
 step counted (StepStats), returned with its groups as a StepOutcome; nothing of a step is left on the scheduler.
 
 FillStep keeps up to `dynamic_sampling.max_running_requests` prompts in flight. A prompt holds a generation slot
-only while actor_infer works on it; as soon as a request is generated its groups are scored beside new requests.
+only while actor_infer works on it; as soon as a request is generated its groups are scored beside new requests, in
+as many reward calls as the domain has reward workers (schedulers/rollout.py: score_chunks).
 Draws are speculative: enough are in flight that, at the running pass rate, the share should fill. When the share
 is full the requests still in flight are aborted. A bound stops endless redraws: at most
 ceil(max_prompts_factor * share) prompts per step. With `deterministic` the step draws in rounds and waits for
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roll_core.config import GeneratingArgs
-from schedulers.rollout import Group, Request, prompt_rows
+from schedulers.rollout import Group, Part, Request, prompt_rows
 
 
 class SamplingBoundError(RuntimeError):
@@ -71,7 +72,8 @@ class FillStep:
         self.kept: list[Group] = []
         self.dropped: list[Group] = []
         self.generating: dict[asyncio.Task, Request] = {}
-        self.scoring: dict[asyncio.Task, None] = {}
+        self.scoring: dict[asyncio.Task, int] = {}
+        """Reward calls in flight, each with the number of groups it scores."""
 
     async def run(self) -> StepOutcome:
         start = time.perf_counter()
@@ -91,10 +93,13 @@ class FillStep:
     def in_flight(self) -> int:
         return sum(len(request.draws) for request in self.generating.values())
 
+    def being_scored(self) -> int:
+        return sum(self.scoring.values())
+
     def want_more(self, wave: int) -> bool:
         if self.deterministic and (self.generating or self.scoring):
             return False  # the next round starts when this one is resolved, whatever the timing
-        expected = len(self.kept) + self.pass_rate * (self.in_flight() + wave + len(self.scoring))
+        expected = len(self.kept) + self.pass_rate * (self.in_flight() + wave + self.being_scored())
         return (
             self.in_flight() + wave < self.max_in_flight and self.stats.drawn < self.bound and expected < self.share
         )
@@ -127,19 +132,22 @@ class FillStep:
             output = task.result()
             if output is None:
                 raise RuntimeError(f"generation request {request.id} was aborted by someone else")
-            for k, (index, order) in enumerate(request.draws):
-                part = prompt_rows(output, k, self.group_size)
-                self.scoring[asyncio.ensure_future(self.scored(index, order, part, request.started))] = None
+            parts = [
+                (index, order, prompt_rows(output, k, self.group_size))
+                for k, (index, order) in enumerate(request.draws)
+            ]
+            for chunk in self.rollout.score_chunks(parts):
+                self.scoring[asyncio.ensure_future(self.scored(chunk, request.started))] = len(chunk)
             return
         self.scoring.pop(task)
-        group = task.result()
-        (self.kept if group.dropped_by is None else self.dropped).append(group)
+        for group in task.result():
+            (self.kept if group.dropped_by is None else self.dropped).append(group)
         resolved = len(self.kept) + len(self.dropped)
         self.pass_rate = max(0.05, (len(self.kept) + 1) / (resolved + 1))
 
-    async def scored(self, index: int, order: int, output: dict[str, Any], started: float) -> Group:
-        group = await self.rollout.score(index, order, output, started, self.stats)
-        return self.rollout.filter(group)
+    async def scored(self, parts: list[Part], started: float) -> list[Group]:
+        groups = await self.rollout.score(parts, started, self.stats)
+        return [self.rollout.filter(group) for group in groups]
 
     async def abort(self) -> int:
         """Abort what is still in flight: generation requests on actor_infer, and groups being scored (their
@@ -148,7 +156,7 @@ class FillStep:
             task.cancel()
         await self.rollout.abort(list(self.generating.values()))
         await asyncio.gather(*self.generating, *self.scoring, return_exceptions=True)
-        return self.in_flight() + len(self.scoring)
+        return self.in_flight() + self.being_scored()
 
     def split(self, wall_s: float) -> StepOutcome:
         """Groups that finished together can overfill the share: the earliest drawn ones go in, and groups drawn

@@ -148,9 +148,11 @@ class Reward:
         """Calls for these rows' responses never answer: scoring still under way when cancelled."""
         self.samples: list[dict] = []
         self.calls = 0
+        self.rows_per_call: list[list[str]] = []
 
     def score_batch(self, samples):
         self.calls += 1
+        self.rows_per_call.append(sorted({s["id"] for s in samples}, key=lambda i: int(i[1:])))
         if samples[0]["id"] in self.hold_rows:
             return asyncio.Event().wait()
         if self.clock is not None:
@@ -541,6 +543,24 @@ def test_waves_go_out_as_requests_of_one_batch_each():
         step(make(config([*cfg_overrides_wave(), *overrides]), rows_of(patterns), infer), 6)
         assert [r[1] for r in infer.requests] == [1] * 6, overrides
         assert infer.waves == [("math", "0/0", 6)] * 6, overrides
+
+
+def test_a_requests_groups_are_scored_in_one_call_per_reward_worker():
+    """A request of two prompts: one reward worker scores both groups in one call; two workers one group each."""
+    patterns = ["same1", "half", "same0", "low", "half", "same0"] * 3
+    cfg = config(cfg_overrides_wave())
+    one = Reward()
+    batch, _ = step(make(cfg, rows_of(patterns), Infer(), [one]), 6)
+    order = draw_order(cfg, len(patterns), 6)  # the six drawn, every group kept (no filters)
+    assert [len(rows) for rows in one.rows_per_call] == [2, 2, 2]  # a request's two groups in one call
+    assert sorted(i for rows in one.rows_per_call for i in rows) == sorted(f"r{i}" for i in order)
+    two = [Reward(), Reward()]
+    again, _ = step(make(cfg, rows_of(patterns), Infer(), two), 6)
+    assert [[len(rows) for rows in r.rows_per_call] for r in two] == [[1, 1, 1]] * 2  # a group on each worker
+    assert sorted(i for r in two for rows in r.rows_per_call for i in rows) == sorted(f"r{i}" for i in order)
+    for b in (batch, again):  # every group's rows with its own scores, in draw order
+        assert ids(b) == order
+        assert b["scores"].tolist() == [float(a == "1") for i in order for a in PATTERNS[patterns[i]]]
 
 
 def cfg_overrides_wave():
