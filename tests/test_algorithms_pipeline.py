@@ -347,7 +347,7 @@ class LaunchRecorder:
         """Each launch's switch_at (partial_rollout_token)."""
         pipeline.launch_rollout = self.launch
         pipeline.finish_rollout = self.finish
-        pipeline.ensure_synced = lambda: self.events.append(("sync", pipeline.loop.step))
+        pipeline.weights.ensure = lambda: self.events.append(("sync", pipeline.loop.step))
 
     def launch(self, switch_at: int | None = None) -> Rollout:
         self.launched += 1

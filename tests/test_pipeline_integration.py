@@ -182,7 +182,7 @@ def test_every_cluster_runs_a_step_on_real_actors_and_the_progress_mixer_moves_t
         # each of the critic's micro-batches padded to its own rows, actor_train's to the batch's widths
         assert 0 < metrics["critic/pad_frac"] < metrics["actor/pad_frac"] < 1, metrics
         assert "critic/rows_over_token_budget" in metrics and "actor/rows_over_token_budget" not in metrics
-        pipeline.sync_weights()
+        pipeline.weights.sync()
         after = pipeline.runtime.actor_train.call_rank0("get_weights")
         assert any(not torch.equal(before[k], after[k]) for k in before), "the policy's parameters changed"
         synced = pipeline.runtime.actor_infer.workers[0].__ray_call__.remote(

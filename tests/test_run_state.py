@@ -106,12 +106,10 @@ class Driver(RLVRPipeline):
         )
         self.loop = LoopState(kl_ctrl=AdaptiveKLController(kl_coef=0.1, target_kl=0.05, horizon=100))
         self.resumed_from = None
+        self.weights = SimpleNamespace(ensure=lambda: self.events.append(("ensure_synced", self.loop.trained_version)))
 
     def _settle(self):
         self.events.append(("settle",))
-
-    def ensure_synced(self):
-        self.events.append(("ensure_synced", self.loop.trained_version))
 
 
 def played(driver: Driver) -> Driver:

@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from roll_core.models.embedded import DATA_DIR, EMBEDDED_MODELS, SHIPPED_DIR, known_build
+from roll_core.models.embedded import EMBEDDED_MODELS, known_build
+from roll_core.models.folders import DATA_DIR, SHIPPED_DIR
 from roll_pipeline.models import tiny
 from roll_pipeline.models.build import build_embedded_model, build_problems, current_spec
 from roll_pipeline.models.tiny import BUILD_INFO, INSTALLED_FROM, build_tiny_model, weights_sha256

@@ -20,7 +20,7 @@ from workers.strategies.vllm_infer import (
     sampling_kwargs,
     vllm_weight_items,
 )
-from workers.strategies.vllm_weights import weight_buckets
+from workers.strategies.weight_buckets import weight_buckets
 
 
 def test_sampling_parameters_for_sampling():

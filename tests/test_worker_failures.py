@@ -152,8 +152,8 @@ def test_a_reward_worker_killed_mid_step_is_restarted_and_scores_the_batch_again
 @pytest.mark.parametrize("how", ["os.kill", "ray.kill"])
 def test_actor_infer_killed_mid_step_gets_the_current_weights_and_the_requests_again(pipeline, how):
     pipeline.loop.trained_version += 1  # as after an update: a newer policy than a restarted worker starts with
-    pipeline.sync_weights()
-    version = pipeline.weights_version
+    pipeline.weights.sync()
+    version = pipeline.weights.version
     assert version > 0
     worker = pipeline.runtime.actor_infer.workers[0]
     before = pid_of(worker)

@@ -11,13 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-#: Where the examples expect the models, relative to the repository root (where `roll` commands are run).
-MODELS_DIR = Path("examples/models")
-DATA_DIR = Path("examples/data")
-#: Finished builds kept with the project (`EmbeddedModel.shipped`), one folder per model.
-SHIPPED_DIR = Path("examples/shipped-models")
-
-
 #: Where each known build was seen. Builds are bitwise repeatable on one vendor's processors, whatever their core
 #: count, load or vector units: an AMD EPYC Zen 4 with AVX-512 (2026-11-25) and a Zen 3 without it (family 25
 #: model 1, from 2026-12-03) built the same weights (the judge's 96a3a71e, the ten-name tiny-qwen2's b26823ba). Not
@@ -49,7 +42,7 @@ class EmbeddedModel:
     hyperparameters: tuple[tuple[str, object], ...] = ()
     """Warm-up settings other than TinyModelHyperparameters' defaults (roll_pipeline/models/tiny.py)."""
     shipped: bool = False
-    """Its default build (seed 0) is kept with the project in SHIPPED_DIR/NAME, the weights of the first of
+    """Its default build (seed 0) is kept with the project in SHIPPED_DIR/NAME (roll_core/models/folders.py), the weights of the first of
     known_builds, and `roll model build` copies it in instead of building it: the builds of two vendors' processors
     differ as much as two seeds', and the example's learning with them (docs/first-run.md), so every machine runs the
     weights the documented figures were measured on, and a fresh `make test` copies in seconds what took about 11

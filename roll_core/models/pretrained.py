@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from roll_core.models.embedded import MODELS_DIR
+from roll_core.models.folders import MODELS_DIR
 
 FETCH_INFO = "fetch_info.json"
 READERS = "gguf==0.19.0 accelerate==1.15.0"

@@ -49,6 +49,7 @@ from roll_pipeline.driver.validation import (
     rollout_metrics,
     validation_metrics,
 )
+from roll_pipeline.driver.weight_sync import WeightSync
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +84,8 @@ class RLVRPipeline:
         )
         self.tracker: MlflowTracker | None = None
         self.resumed_from: Path | None = None
-        self.weights_version = 0
-        """The weights actor_infer holds: the number of actor updates they include."""
-        self.synced_once = False
+        self.weights = WeightSync(self.cfg, self.runtime, self.loop)
+        """actor_infer's weights: their version and the syncs (weight_sync.py)."""
         self.async_steps = self.cfg.async_steps
         """Rollouts are launched up to this many steps ahead of the step that trains on them (0: synchronous)."""
 
@@ -141,7 +141,7 @@ class RLVRPipeline:
             rollout = self.rollout()
         batch, metrics = rollout.batch, rollout.metrics
         if self.async_steps:
-            with timer.stage("sync_weights"):
+            with timer.stage("launch_ahead"):  # the weight sync before each launch included
                 self.launch_ahead()
             metrics["offpolicy/buffered_rollouts"] = float(len(self.loop.pending_rollouts))
         with timer.stage("log_probs"):
@@ -164,7 +164,7 @@ class RLVRPipeline:
             metrics |= self.train(batch)
         if not self.async_steps:
             with timer.stage("sync_weights"):
-                self.ensure_synced()
+                self.weights.ensure()
         metrics |= {f"time/{name}_s": s for name, s in timer.seconds.items()}
         generated = float(batch["response_mask"].sum())
         metrics["throughput/generated_tokens"] = generated
@@ -176,7 +176,7 @@ class RLVRPipeline:
         """This step's rollout: the oldest one launched ahead (async), or a new one; waited for. Under
         partial_rollout_token the last update is synced first: the rollout may wait for it at its switch token."""
         if self.cfg.partial_rule:
-            self.ensure_synced()
+            self.weights.ensure()
         pending = self.loop.pending_rollouts
         return self.finish_rollout(pending.pop(0) if pending else self.launch_rollout())
 
@@ -197,12 +197,12 @@ class RLVRPipeline:
         """Every domain's scheduler starts filling its share of rollout_batch_size prompts, each prompt with a
         scored group that passed the domain's filters, with the weights actor_train has now (under
         partial_rollout_token: and from token `switch_at` on with the next version)."""
-        self.ensure_synced()
+        self.weights.ensure()
         self.offload_trained_states()
         n = self.cfg.num_return_sequences_in_group
         args = self.cfg.actor_infer.generating_args
         probs, shares = self.domain_mix()
-        pin = (self.weights_version, switch_at) if self.cfg.partial_rule else None
+        pin = (self.weights.version, switch_at) if self.cfg.partial_rule else None
         schedulers = {d: self.runtime.schedulers[d] for d in shares}
         # Each fill's call number is reserved first: rollouts launched together reach a scheduler in any order.
         calls = self.runtime.wait_for([s.reserve_fill.remote() for s in schedulers.values()],
@@ -212,7 +212,7 @@ class RLVRPipeline:
             for (d, s), call in zip(schedulers.items(), calls, strict=True)
         }
         mix = {f"mix/{d}": p for d, p in probs.items()} | {f"mix/{d}/prompts": float(k) for d, k in shares.items()}
-        return Rollout(version=self.weights_version, refs=refs, metrics=mix)
+        return Rollout(version=self.weights.version, refs=refs, metrics=mix)
 
     def domain_mix(self) -> tuple[dict[str, float], dict[str, int]]:
         """This rollout's domain probabilities (the domain mixer's, from what it has measured so far) and the
@@ -397,41 +397,6 @@ class RLVRPipeline:
             metrics["critic/warmup"] = float(warming_up)
         return metrics
 
-    def ensure_synced(self) -> None:
-        """actor_infer gets actor_train's weights if they changed since it last got them (under
-        partial_rollout_token also the first time: its rule may need them again after loading newer ones)."""
-        if self.weights_version != self.loop.trained_version or (self.cfg.partial_rule and not self.synced_once):
-            self.sync_weights()
-
-    def sync_weights(self) -> None:
-        """actor_train's weights to actor_infer, as a new version; the schedulers keep a reference to them for a
-        worker that Ray restarts (it comes back with the starting weights), at the cost of one copy of the weights
-        in Ray's object store. With a weight_transport (vLLM's weight-transfer API) actor_train sends them itself
-        and nothing is kept."""
-        if self.cfg.actor_infer.weight_transport != "rpc":
-            self.weights_version = self.loop.trained_version
-            self.runtime.actor_train.call("send_weights", self.runtime.actor_infer.workers, self.weights_version)
-            self.synced_once = True
-            self.runtime.on_schedulers("set_weights", self.weights_version, [None])
-            return
-        stage = self.cfg.actor_train.zero_stage
-        # The reference to rank 0's result goes on as it is: the weights pass from actor_train's object store to
-        # the workers without a copy into this process and another back out (a 7B model's 15 GB, every step).
-        if stage == 3:  # sharded parameters: every rank takes part in gathering them; the others return {}
-            refs = self.runtime.actor_train.call_async("get_weights", packed=True)
-            self.runtime.wait_for(refs[1:], self.runtime.actor_train.call_names("get_weights")[1:])
-            weights = refs[0]
-        else:
-            weights = self.runtime.actor_train.workers[0].get_weights.remote(packed=True)
-        self.weights_version = self.loop.trained_version
-        if self.cfg.partial_rule:  # the versions the rollouts in flight were launched with stay on actor_infer
-            keep_from = min([self.weights_version] + [r.version for r in self.loop.pending_rollouts if r.batch is None])
-            self.runtime.actor_infer.call("update_weights", weights, self.weights_version, keep_from)
-        else:
-            self.runtime.actor_infer.call("update_weights", weights, self.weights_version)
-        self.synced_once = True
-        self.runtime.on_schedulers("set_weights", self.weights_version, [weights])
-
     # ------------------------------------------------------------------------------------------- the loop
 
     def validate(self) -> dict[str, float]:
@@ -566,7 +531,7 @@ class RLVRPipeline:
 
     def restore(self, checkpoint: Path) -> dict[str, Any]:
         """Load a checkpoint `save_checkpoint` wrote into the running clusters and the loop; returns its state."""
-        state = restore_run(checkpoint, self.runtime, self.loop, sync=self.ensure_synced)
+        state = restore_run(checkpoint, self.runtime, self.loop, sync=self.weights.ensure)
         self.resumed_from = checkpoint
         return state
 
@@ -581,9 +546,9 @@ class RLVRPipeline:
         current weights: before validating, and before a checkpoint (whose scheduler states then match). Under
         partial_rollout_token the weights go first: a rollout in flight may wait for them."""
         if self.cfg.partial_rule:
-            self.ensure_synced()
+            self.weights.ensure()
         self._finish_pending()
-        self.ensure_synced()
+        self.weights.ensure()
 
     def _finish_pending(self) -> None:
         """Wait for the rollouts launched ahead, oldest first."""

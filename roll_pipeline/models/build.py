@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from roll_core.models.embedded import DATA_DIR, EMBEDDED_MODELS, MODELS_DIR, SHIPPED_DIR
+from roll_core.models.embedded import EMBEDDED_MODELS
+from roll_core.models.folders import DATA_DIR, MODELS_DIR, SHIPPED_DIR
 
 
 def build_problems(name: str, model_dir: Path) -> list[str]:

@@ -29,7 +29,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from workers.strategies.vllm_weights import bucket_slices
+from workers.strategies.weight_buckets import bucket_slices
 
 BACKEND = "roll_gloo"
 TIMEOUT = datetime.timedelta(minutes=10)

@@ -41,12 +41,8 @@ import torch
 from roll_core.config import ClusterConfig, GeneratingArgs
 from roll_core.config.clusters import WEIGHT_TRANSPORTS, LoraArgs
 from workers.strategies.lora import vllm_max_lora_rank, write_adapter_folder
-from workers.strategies.vllm_weights import (
-    WeightSyncExtension,
-    pack_bucket,
-    vllm_weight_name,
-    weight_buckets,
-)
+from workers.strategies.vllm_weights import WeightSyncExtension, pack_bucket, vllm_weight_name
+from workers.strategies.weight_buckets import weight_buckets
 
 
 class StrategyUnavailable(RuntimeError):

@@ -17,8 +17,6 @@ weight-transfer API (`register_transfer_backends`), which is how vLLM's workers 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
 
@@ -43,10 +41,6 @@ def register_transfer_backends() -> None:
         if name not in factory._registry:
             factory.register_engine(name, cls)
 
-#: Default bound on the bytes of one bucket sent through collective_rpc (vLLM's RPC buffers a message whole).
-DEFAULT_BUCKET_BYTES = 256 * 2**20
-
-
 #: Prefixes that wrappers add to parameter names (DeepSpeed/DDP `module.`, torch.compile `_orig_mod.`).
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
@@ -62,32 +56,6 @@ def vllm_weight_name(name: str, tie_word_embeddings: bool) -> str | None:
     if (tie_word_embeddings and name == "lm_head.weight") or name.endswith("rotary_emb.inv_freq"):
         return None
     return name
-
-
-def bucket_slices(sizes: list[int], max_bytes: int) -> list[slice]:
-    """Consecutive index ranges of `sizes` (bytes per tensor) holding at most `max_bytes` each; a tensor larger than
-    the bound is a bucket of its own (it cannot be split without vLLM knowing how). The gloo transport's two sides
-    cut one stream with it from the same metadata."""
-    if max_bytes <= 0:
-        raise ValueError(f"max_bytes must be positive, got {max_bytes}")
-    out, start, total = [], 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and total + size > max_bytes:
-            out.append(slice(start, i))
-            start, total = i, 0
-        total += size
-    if start < len(sizes):
-        out.append(slice(start, len(sizes)))
-    return out
-
-
-def weight_buckets(
-    items: Iterable[tuple[str, torch.Tensor]], max_bytes: int = DEFAULT_BUCKET_BYTES
-) -> list[list[tuple[str, torch.Tensor]]]:
-    """(name, tensor) pairs in order, grouped into lists of at most `max_bytes` of tensor data each
-    (`bucket_slices`)."""
-    items = list(items)
-    return [items[part] for part in bucket_slices([t.numel() * t.element_size() for _, t in items], max_bytes)]
 
 
 def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> bytes:
