@@ -192,13 +192,14 @@ def test_a_sync_between_two_turns_gives_the_second_turn_the_newer_version():
 
 
 def test_the_reports_show_tool_use_and_whole_trajectories():
-    from roll_pipeline.driver.pipeline import RLVRPipeline
     from roll_pipeline.driver.report import sample_table
     from roll_pipeline.driver.validation import validation_metrics
 
     s = make(multi_turn(), rows("mul 123 456"), Policy(), rewards=[Judge()])
     batch, _ = run(s, 1)
-    records = RLVRPipeline._records(batch)
+    from roll_pipeline.driver.records import batch_records
+
+    records = batch_records(batch)
     assert records[0].tool_use == {"turns": 2.0, "tool_calls": 1.0, "tool_errors": 0.0, "tool_s": 0.25}
     metrics = validation_metrics(records)
     assert metrics["val_tool_calls/add/mean"] == 1.0 and metrics["val_turns/all/mean"] == 2.0

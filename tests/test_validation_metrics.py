@@ -300,7 +300,6 @@ def test_accuracy_is_the_reward_workers_verdict_not_a_positive_score():
     import torch
 
     from roll_core.batch import Batch
-    from roll_pipeline.driver.pipeline import RLVRPipeline
     from roll_pipeline.driver.report import sample_table
 
     batch = Batch(
@@ -315,7 +314,9 @@ def test_accuracy_is_the_reward_workers_verdict_not_a_positive_score():
             "finish_reason": ["stop"] * 4,
         },
     )
-    records = RLVRPipeline._records(batch)
+    from roll_pipeline.driver.records import batch_records
+
+    records = batch_records(batch)
     assert [r.correct for r in records] == [True, False, False, None]
     assert [r.masked for r in records] == [False, False, False, True]
     m = validation_metrics(records)

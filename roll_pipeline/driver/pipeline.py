@@ -29,21 +29,20 @@ from roll_core.algorithms.shaping import shape_scores
 from roll_core.batch import Batch, loss_mask
 from roll_core.config import ResolvedConfig, domain_shares
 from roll_core.data.loading import RunData
-from roll_core.rewards.scored import ScoredSample
 from roll_core.tracking.metadata import run_tags
 from roll_core.tracking.mlflow_tracker import MlflowTracker
 from roll_core.tracking.spool import SPOOL_DIRNAME
 from roll_core.tracking.system import MemoryProbe
 from roll_pipeline.driver.digests import DIGESTS_FILE, append_step_digests
 from roll_pipeline.driver.loop_state import FirstValidation, LoopState, Rollout
+from roll_pipeline.driver.records import batch_records
 from roll_pipeline.driver.report import log_validation_artifacts, train_sample_table, train_table_file
 from roll_pipeline.driver.reward_audit import audit_plan, environment_plan, run_audit
-from roll_pipeline.driver.run_change import run_change
 from roll_pipeline.driver.run_state import restore_run, save_run, warn_config_changes
 from roll_pipeline.driver.runtime import ClusterRuntime, WorkerDiedError, load_run_data, log_dropped
 from roll_pipeline.driver.significance import prompt_outcomes, validation_significance
+from roll_pipeline.driver.summary import run_summary
 from roll_pipeline.driver.validation import (
-    TOOL_STATS,
     answer_keys,
     metric_name_part,
     rollout_metrics,
@@ -232,13 +231,13 @@ class RLVRPipeline:
         results = self.runtime.wait_for(list(rollout.refs.values()), names)
         for domain, (part, scheduler_metrics) in zip(rollout.refs, results, strict=True):
             parts.append(part)
-            metrics |= rollout_metrics(domain, self._records(part)) | scheduler_metrics
+            metrics |= rollout_metrics(domain, batch_records(part)) | scheduler_metrics
         batch = Batch.concat(parts)
         batch = batch.update({"group_ids": torch.arange(len(batch) // n).repeat_interleave(n)})
         if self.cfg.infer_offloads:  # colocated training gets the GPU memory back; this step's update (if the
             # actor trains in it) is synced before anything generates again, so vLLM may drop its weights
             self.runtime.actor_infer.call("offload", not self.critic_warming_up())
-        metrics |= rollout_metrics("all", self._records(batch))
+        metrics |= rollout_metrics("all", batch_records(batch))
         mixer = self.cfg.domain_mixer
         observe_rollout(self.loop.mixer, metrics, list(rollout.refs), mixer.smoothing)
         return Rollout(version=rollout.version, batch=batch, metrics=metrics)
@@ -333,7 +332,7 @@ class RLVRPipeline:
         mask = loss_mask(batch)
         tokens = mask.sum(1).clamp(min=1.0)
         table = train_sample_table(
-            self._records(batch),
+            batch_records(batch),
             prompts,
             self.shaped_scores.tolist(),
             ((batch["advantages"] * mask).sum(1) / tokens).tolist(),
@@ -415,7 +414,7 @@ class RLVRPipeline:
             )
             records += [
                 r.but(prompt=p, ground_truth=g)
-                for r, p, g in zip(self._records(batch), prompts, batch.meta["ground_truth"], strict=True)
+                for r, p, g in zip(batch_records(batch), prompts, batch.meta["ground_truth"], strict=True)
             ]
         metrics = validation_metrics(records, self.answer_keys)
         outcomes = prompt_outcomes(records, metric_name_part)
@@ -488,36 +487,7 @@ class RLVRPipeline:
         finally:
             if self.tracker:
                 self.tracker.finish(status)
-        return self.summary(time.perf_counter() - start)
-
-    def summary(self, wall_s: float) -> dict[str, Any]:
-        val_steps = [s for s, m in sorted(self.loop.history.items()) if "val_correct/all/mean" in m]
-
-        def accuracies(step: int) -> dict[str, float]:
-            metrics = self.loop.history[step].items()
-            return {k: v for k, v in metrics if k.startswith("val_correct/") and k.endswith("/mean")}
-
-        change = None
-        first = self.loop.first_val
-        if first is not None and self.loop.val_outcomes is not None and val_steps:
-            v = self.cfg.validation
-            change = {
-                "first_step": first.step,
-                "last_step": val_steps[-1],
-                "alpha": v.regression_alpha,
-                "confidence": v.confidence,
-                "rows": run_change(first.outcomes, self.loop.val_outcomes, v.regression_alpha, v.confidence),
-            }
-        return {
-            "run_id": self.tracker.run_id if self.tracker else None,
-            "tracking_uri": self.tracker.uri if self.tracker else None,
-            "steps": self.loop.step,
-            "wall_s": wall_s,
-            "start": {"step": val_steps[0], **accuracies(val_steps[0])} if val_steps else None,
-            "end": {"step": val_steps[-1], **accuracies(val_steps[-1])} if val_steps else None,
-            "output_dir": self.cfg.output_dir,
-            "change": change,
-        }
+        return run_summary(self.loop, self.cfg, self.tracker, time.perf_counter() - start)
 
     # ------------------------------------------------------------------------------------------- state
 
@@ -560,29 +530,3 @@ class RLVRPipeline:
         self.loop.history[step] = self.loop.history.get(step, {}) | metrics
         if self.tracker:
             self.tracker.log_metrics(metrics, step)
-
-    @staticmethod
-    def _records(batch: Batch) -> list[ScoredSample]:
-        """The batch's samples as scored. A sample is masked here only when its reward could not be computed;
-        samples that only left the loss (filler groups at the redraw bound, filtered responses) keep theirs."""
-        lengths = batch["response_mask"].sum(-1).long().tolist()
-        scores = batch["scores"].tolist()
-        meta = batch.meta
-        trajectories = meta.get("trajectory") or [None] * len(batch)
-        tool = {key: batch[key].tolist() for key in TOOL_STATS if key in batch.tensors}
-        return [
-            ScoredSample(
-                score=None if meta["mask_reason"][i] else scores[i],
-                correct=meta["correct"][i],
-                mask_reason=meta["mask_reason"][i],
-                response_length=lengths[i],
-                finish_reason=meta["finish_reason"][i],
-                domain=meta["domain"][i],
-                tag=meta["tag"][i],
-                id=meta["id"][i],
-                response_text=meta["response_text"][i],
-                trajectory=trajectories[i],
-                tool_use=None if trajectories[i] is None else {key: v[i] for key, v in tool.items()},
-            )
-            for i in range(len(batch))
-        ]
