@@ -42,8 +42,8 @@ class EmbeddedModel:
     hyperparameters: tuple[tuple[str, object], ...] = ()
     """Warm-up settings other than TinyModelHyperparameters' defaults (roll_pipeline/models/tiny.py)."""
     shipped: bool = False
-    """Its default build (seed 0) is kept with the project in SHIPPED_DIR/NAME (roll_core/models/folders.py), the weights of the first of
-    known_builds, and `roll model build` copies it in instead of building it: the builds of two vendors' processors
+    """Its default build (seed 0) is kept with the project in SHIPPED_DIR/NAME (roll_core/models/folders.py), the
+    weights of the first of known_builds, and `roll model build` copies it in instead of building it: the builds of two vendors' processors
     differ as much as two seeds', and the example's learning with them (docs/first-run.md), so every machine runs the
     weights the documented figures were measured on, and a fresh `make test` copies in seconds what took about 11
     minutes to build. `roll model build NAME --from-scratch` builds it here; `make check-builds` checks that such a

@@ -1,6 +1,7 @@
 """Weights cut into buckets of bounded size, in order: what one message of a weight sync into vLLM carries (vLLM's
-RPC buffers a message whole, and the gloo transport's two sides cut one stream the same way). Imported by vLLM's
-worker processes (workers/strategies/vllm_weights.py, gloo_transfer.py): torch only."""
+RPC buffers a message whole, and the gloo transport's two sides cut one stream the same way). Used by the rpc sync
+into vLLM (workers/strategies/vllm_infer.py) and by gloo_transfer.py, which vLLM's worker processes import: torch
+only."""
 
 from __future__ import annotations
 
